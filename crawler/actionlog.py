@@ -1,0 +1,67 @@
+"""The action log: append-only JSONL, one line per fetch attempt.
+
+Each line is written with a single ``write`` on a file opened with ``O_APPEND``, so
+lines from several processes never interleave and a killed crawl leaves at most its
+last line incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
+
+
+class ActionLog:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(
+        self,
+        url: str,
+        key: str | None,
+        outcome: str,
+        *,
+        attempt: int = 1,
+        status: int | None = None,
+        error: str | None = None,
+        elapsed_ms: float | None = None,
+        bytes: int | None = None,
+        **extra,
+    ) -> None:
+        now = time.time()
+        entry = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+            + f".{int(now % 1 * 1000):03d}Z",
+            "url": url,
+            "key": key,
+            "attempt": attempt,
+            "outcome": outcome,
+            "status": status,
+            "error": error,
+            "elapsed_ms": None if elapsed_ms is None else round(elapsed_ms, 1),
+            "bytes": bytes,
+        }
+        if extra:
+            entry.update(extra)
+        os.write(self._fd, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def read(path: str | os.PathLike) -> list[dict]:
+    """Every complete line of an action log (a torn last line is skipped)."""
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):
+                out.append(json.loads(line))
+    return out

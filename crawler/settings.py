@@ -1,0 +1,107 @@
+"""Scrapy settings of the project.
+
+Every setting of the storage stack is listed here with its default; components read
+them once, in their constructors.
+"""
+
+BOT_NAME = "crawler"
+
+SPIDER_MODULES = ["spiders"]
+NEWSPIDER_MODULE = "spiders"
+COMMANDS_MODULE = "commands"
+
+# Polite by default: a crawl of someone else's site should identify itself, obey
+# robots.txt and slow down when the server does.
+USER_AGENT = (
+    "research-crawler/0.1 (+https://example.org/research-crawler; set USER_AGENT to your contact)"
+)
+ROBOTSTXT_OBEY = True
+AUTOTHROTTLE_ENABLED = True
+AUTOTHROTTLE_START_DELAY = 1.0
+AUTOTHROTTLE_MAX_DELAY = 30.0
+
+# Scrapy starts CONCURRENT_ITEMS tasks per response; one is plenty for the small
+# number of items a page yields, and it lifts a CPU-bound crawl by about half.
+CONCURRENT_ITEMS = 1
+
+TELNETCONSOLE_ENABLED = False
+# An HTTP control port on every crawl node is not wanted on a shared cluster.
+REMOTE_CONTROL_ENABLED = False
+LOG_LEVEL = "INFO"
+
+# --- Storage -----------------------------------------------------------------------
+DATA_DIR = "data"
+# One transaction per CATALOG_BATCH_SIZE rows, and at least every
+# CATALOG_FLUSH_SECONDS, so that a slow crawl does not hold rows back.
+CATALOG_BATCH_SIZE = 200
+CATALOG_FLUSH_SECONDS = 5.0
+ARCHIVE_ROLLOVER_BYTES = 1_000_000_000
+ARCHIVE_PREFIX = "crawl"
+# zlib level of each record's gzip member (warcio's own writer hard-codes 9, which costs
+# several times more CPU for a few percent of size).
+ARCHIVE_GZIP_LEVEL = 6
+# Records waiting for the writer process; the crawl waits when it is full.
+ARCHIVE_QUEUE_BYTES = 1_048_576
+# Statuses that are final answers and get a catalog row (other 3xx are followed).
+CATALOG_STORE_STATUSES = [200, 201, 202, 203, 204, 205, 206, 300, 301, 302, 303, 307, 308, 404, 410]
+PROGRESS_INTERVAL = 10.0
+
+DOWNLOADER_MIDDLEWARES = {
+    # Before robots.txt, so a resumed crawl skips stored pages without asking for it.
+    "middlewares.archive.ArchiveMiddleware": 75,
+    "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+    "middlewares.robotstxt.RobotsTxtMiddleware": 100,
+    "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
+    "middlewares.retry.LoggedRetryMiddleware": 550,
+    # Before HttpProxyMiddleware (750), which reads the proxy it sets.
+    "middlewares.proxy_lease.ProxyLeaseMiddleware": 740,
+}
+
+SPIDER_MIDDLEWARES = {
+    "middlewares.resume.ResumeSpiderMiddleware": 30,
+}
+
+EXTENSIONS = {
+    "extensions.progress.ProgressExtension": 500,
+    "extensions.stop_signals.StopSignalsExtension": 500,
+}
+
+# --- Proxy leases (middlewares/proxy_lease.py) ---------------------------------------
+# HUB_URL: sqlite:///relative/hub.db, sqlite:////absolute/hub.db or postgresql://...;
+# unset (and no HUB_URL environment variable) means no proxies: the crawl goes direct.
+# Manage the pool with `scrapy proxies add|import|list|disable|enable|stats`.
+HUB_URL = None
+# Seconds to wait for the hub's database at start before failing.
+HUB_CONNECT_TIMEOUT = 10.0
+# Set False to crawl direct even with HUB_URL set.
+PROXY_ENABLED = True
+# A lease runs out this many seconds after its last renewal, so a killed crawl's proxies
+# come back by themselves; a heartbeat renews held leases every PROXY_HEARTBEAT_SECONDS
+# (0: a third of the TTL).
+PROXY_LEASE_TTL = 60.0
+PROXY_HEARTBEAT_SECONDS = 0.0
+# Let a proxy go after this many requests; it then rests PROXY_REST_SECONDS
+# (+/- PROXY_REST_JITTER of it) before anyone may lease it again.
+PROXY_ROTATE_EVERY = 50
+PROXY_REST_SECONDS = 60.0
+PROXY_REST_JITTER = 0.25
+# A banned proxy rests PROXY_BAN_REST_SECONDS, doubled at each ban in a row, at most
+# PROXY_BAN_REST_MAX_SECONDS.
+PROXY_BAN_REST_SECONDS = 600.0
+PROXY_BAN_REST_MAX_SECONDS = 21600.0
+# Proxies one crawl process holds at once; its concurrent requests are spread over them,
+# each proxy being its own download slot.
+PROXY_LEASES_PER_PROCESS = 2
+# What counts as a ban: these statuses, any of these strings in the body, and connection
+# refused/reset or timeouts. A spider can decide instead with methods
+# response_is_ban(request, response) / exception_is_ban(request, exception) (None: default).
+PROXY_BAN_STATUSES = [403, 407, 429]
+PROXY_BAN_BODY_MARKERS = []
+# Retries of a request through another proxy after bans (meta max_proxy_ban_retries).
+PROXY_MAX_BAN_RETRIES = 3
+# With no proxy free, requests wait: the hub is asked again every PROXY_POLL_SECONDS and
+# the wait logged at most every PROXY_WAIT_LOG_SECONDS.
+PROXY_POLL_SECONDS = 2.0
+PROXY_WAIT_LOG_SECONDS = 30.0
+
+FEED_EXPORT_ENCODING = "utf-8"

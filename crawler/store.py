@@ -1,0 +1,342 @@
+"""The storage core: archive + catalog written in the order that makes them crash-safe.
+
+:class:`Store` does the work in-process (no Scrapy needed). :class:`WriterProcess`
+runs a Store in a child process fed through a pipe, so that gzip, fsync and SQLite
+commits never run on the crawl's reactor thread and use another core.
+
+The ordering: a catalog row is committed only after the record it points at is
+flushed and fsynced (the batch writer's ``before_commit`` hook), and an archive file
+is renamed to its closed name only after the rows pointing into it are committed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import multiprocessing
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crawler.archive import (
+    OPEN_SUFFIX,
+    ArchiveWriter,
+    Fetch,
+    Repair,
+    header,
+    repair_open_file,
+    warc_date,
+)
+from crawler.catalog import BatchWriter, Catalog, Row
+
+logger = logging.getLogger(__name__)
+
+F_SETPIPE_SZ = 1031  # Linux; not exported by the fcntl module before Python 3.10 on all builds
+
+
+class StoreError(Exception):
+    """The store cannot go on (disk full, permissions, another writer...)."""
+
+
+@dataclass
+class StoreConfig:
+    data_dir: Path
+    prefix: str = "crawl"
+    rollover_bytes: int = 1_000_000_000
+    gzip_level: int = 6
+    batch_size: int = 200
+    flush_seconds: float = 5.0
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.data_dir / "metadata.db"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.data_dir / "archive"
+
+    @property
+    def action_log_path(self) -> Path:
+        return self.data_dir / "fetch_log.jsonl"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.data_dir / ".lock"
+
+
+@dataclass
+class Recovery:
+    repairs: list[Repair] = field(default_factory=list)
+    indexed_rows: int = 0
+
+
+class DataDirLock:
+    """An exclusive lock on a data directory: one crawl writes it at a time."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise StoreError(
+                f"{self.path.parent} is in use by another crawl (pid {holder or '?'}); "
+                "wait for it or use another DATA_DIR"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def recover(config: StoreConfig) -> Recovery:
+    """Repair archives left open by a killed run and index what the catalog lacks.
+
+    Call it with the data directory locked and no writer running.
+    """
+    result = Recovery()
+    if not config.archive_dir.is_dir():
+        return result
+    open_files = sorted(config.archive_dir.glob("*.warc.gz" + OPEN_SUFFIX))
+    if not open_files:
+        return result
+    with Catalog(config.catalog_path) as catalog:
+        for path in open_files:
+            repair = repair_open_file(path, config.data_dir)
+            result.repairs.append(repair)
+            result.indexed_rows += index_missing(
+                catalog, repair.indexed.rows, repair.indexed.touches
+            )
+    return result
+
+
+def index_missing(catalog: Catalog, rows: list[Row], touches: list) -> int:
+    """UPSERT rows the catalog lacks or holds an older fetch of; apply newer 304s."""
+    added = 0
+    with catalog.writer(batch_size=1000) as batch:
+        for row in rows:
+            have = catalog.get(row.key)
+            if have is None or have.fetched_at < row.fetched_at:
+                batch.upsert(row)
+                added += 1
+        for key, etag, last_modified, fetched_at in touches:
+            have = catalog.get(key)
+            if have is not None and have.fetched_at < fetched_at:
+                batch.touch(key, etag, last_modified, fetched_at)
+    return added
+
+
+class Store:
+    """Writes fetches to the archive and their rows to the catalog, in that order."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.catalog = Catalog(config.catalog_path)
+        self.archive = ArchiveWriter(
+            config.archive_dir,
+            config.data_dir,
+            prefix=config.prefix,
+            rollover_bytes=config.rollover_bytes,
+            gzip_level=config.gzip_level,
+        )
+        self.batch = BatchWriter(
+            self.catalog.conn,
+            batch_size=config.batch_size,
+            flush_seconds=config.flush_seconds,
+            before_commit=self.archive.flush,
+        )
+        self.stored = 0
+        self.refreshed = 0
+        self.bytes = 0
+
+    def put(self, fetch: Fetch) -> Row:
+        row = self.archive.write_fetch(fetch)
+        self.batch.upsert(row)
+        self.stored += 1
+        self.bytes += row.bytes
+        self._maybe_roll()
+        return row
+
+    def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
+        """A 304: refresh validators and time; no new body."""
+        self.archive.write_revisit(fetch, refers_to_date)
+        self.batch.touch(
+            fetch.key,
+            header(fetch.response_headers, "ETag"),
+            header(fetch.response_headers, "Last-Modified"),
+            warc_date(fetch.fetched_at),
+        )
+        self.refreshed += 1
+        self._maybe_roll()
+
+    def _maybe_roll(self) -> None:
+        if self.archive.needs_rollover():
+            self.batch.flush()
+            self.archive.close()
+
+    def tick(self) -> None:
+        """Commit a batch whose time is up (call it when idle)."""
+        if self.batch.due():
+            self.batch.flush()
+
+    def close(self) -> dict:
+        self.batch.flush()
+        self.archive.close()
+        self.catalog.close()
+        return {
+            "stored": self.stored,
+            "refreshed": self.refreshed,
+            "bytes": self.bytes,
+            "rows_committed": self.batch.committed,
+            "archives": [str(p) for p in self.archive.closed_files],
+        }
+
+
+# -- the writer process -----------------------------------------------------------------
+
+
+def _serve(inbox, outbox, config: StoreConfig) -> None:
+    """Main loop of the writer process."""
+    try:
+        store = Store(config)
+    except Exception as exc:
+        outbox.send(("error", f"cannot open the store in {config.data_dir}: {exc}"))
+        return
+    outbox.send(("ready", None))
+    try:
+        while True:
+            wait = max(0.0, config.flush_seconds - (time.monotonic() - store.batch._since))
+            if not inbox.poll(wait):
+                store.tick()
+                continue
+            try:
+                msg = inbox.recv()
+            except EOFError:
+                # The crawl died: keep what reached us.
+                store.close()
+                return
+            op = msg[0]
+            if op == "put":
+                store.put(msg[1])
+            elif op == "touch":
+                store.touch(msg[1], msg[2])
+            elif op == "close":
+                outbox.send(("closed", store.close()))
+                return
+    except OSError as exc:
+        where = store.archive.path if store.archive.name else config.data_dir
+        outbox.send(
+            (
+                "error",
+                f"writing {where} failed: {exc.strerror or exc}; rows committed so far "
+                "are intact, the next run repairs the archive and resumes",
+            )
+        )
+    except Exception:
+        outbox.send(("error", "the store failed:\n" + traceback.format_exc()))
+
+
+class WriterProcess:
+    """A :class:`Store` in a child process, fed through a bounded pipe.
+
+    ``put`` blocks when the pipe is full (``queue_bytes``): that is the backpressure
+    that keeps memory bounded when the disk is slower than the network.
+    """
+
+    def __init__(self, config: StoreConfig, queue_bytes: int = 1 << 20):
+        self.config = config
+        ctx = multiprocessing.get_context("spawn")
+        recv_in, self._send = ctx.Pipe(duplex=False)
+        self._recv, send_out = ctx.Pipe(duplex=False)
+        for conn in (self._send, recv_in):
+            # Past the system's limit the default pipe size still works.
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(conn.fileno(), F_SETPIPE_SZ, queue_bytes)
+        self._proc = ctx.Process(
+            target=_serve, args=(recv_in, send_out, config), name="archive-writer"
+        )
+        self._proc.start()
+        recv_in.close()
+        send_out.close()
+        self.error: str | None = None
+        self.summary: dict | None = None
+        self._wait_ready()
+
+    def _wait_ready(self) -> None:
+        if not self._recv.poll(120):
+            self._proc.kill()
+            raise StoreError("the archive writer process did not start within 120 s")
+        kind, payload = self._recv.recv()
+        if kind == "error":
+            self._proc.join()
+            raise StoreError(payload)
+
+    def _check(self) -> None:
+        if self.error is None and self._recv.poll():
+            try:
+                kind, payload = self._recv.recv()
+            except EOFError:
+                kind, payload = "error", "the archive writer process exited unexpectedly"
+            if kind == "error":
+                self.error = payload
+        if self.error is not None:
+            raise StoreError(self.error)
+
+    def _send_msg(self, msg) -> None:
+        self._check()
+        try:
+            self._send.send(msg)
+        except (BrokenPipeError, OSError):
+            self._check()
+            raise StoreError(
+                self.error or "the archive writer process exited unexpectedly"
+            ) from None
+
+    def put(self, fetch: Fetch) -> None:
+        self._send_msg(("put", fetch))
+
+    def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
+        self._send_msg(("touch", fetch, refers_to_date))
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def close(self, timeout: float = 600) -> dict:
+        """Drain the queue, commit, close the archive; returns the writer's summary."""
+        if self.summary is not None:
+            return self.summary
+        try:
+            if self.error is None:
+                self._send.send(("close",))
+            while self._recv.poll(timeout):
+                kind, payload = self._recv.recv()
+                if kind == "closed":
+                    self.summary = payload
+                    break
+                if kind == "error":
+                    self.error = payload
+                    break
+        except (EOFError, BrokenPipeError, OSError):
+            pass
+        finally:
+            self._send.close()
+            self._proc.join(timeout=30)
+            if self._proc.is_alive():
+                self._proc.kill()
+        if self.summary is None:
+            raise StoreError(self.error or "the archive writer process did not finish")
+        return self.summary

@@ -1,0 +1,71 @@
+"""Logs progress every PROGRESS_INTERVAL seconds: list done/total, pages/s, ETA."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from twisted.internet import task
+
+logger = logging.getLogger(__name__)
+
+
+def format_progress(stats: dict, rate: float, cache_rate: float) -> str:
+    done = stats.get("progress/list_done", 0)
+    total = stats.get("progress/list_total")
+    if total:
+        share = f"{done:,}/{total:,} ({100 * done / total:.1f}%)"
+        speed = rate + cache_rate
+        eta = str(timedelta(seconds=int((total - done) / speed))) if speed > 0 else "?"
+    else:
+        share, eta = f"{done:,}/?", "?"
+    return (
+        f"list {share}, {rate:.1f} pages/s, "
+        f"{stats.get('catalog/cache_hits', 0):,} cache hits, "
+        f"{stats.get('actions/error', 0):,} errors, "
+        f"{stats.get('actions/retry', 0):,} retries, ETA {eta}"
+    )
+
+
+class ProgressExtension:
+    def __init__(self, crawler):
+        self.interval = crawler.settings.getfloat("PROGRESS_INTERVAL")
+        if self.interval <= 0:
+            raise NotConfigured("PROGRESS_INTERVAL is 0")
+        self.stats = crawler.stats
+        self._task: task.LoopingCall | None = None
+        self._last = (time.monotonic(), 0, 0)
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        ext = cls(crawler)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        return ext
+
+    def spider_opened(self, spider) -> None:
+        self._last = (time.monotonic(), 0, 0)
+        self._task = task.LoopingCall(self.log)
+        self._task.start(self.interval, now=False)
+
+    def _pages(self) -> tuple[int, int]:
+        get = self.stats.get_value
+        return get("actions/ok", 0) + get("actions/not_modified", 0), get("catalog/cache_hits", 0)
+
+    def log(self) -> None:
+        now = time.monotonic()
+        pages, hits = self._pages()
+        then, pages0, hits0 = self._last
+        elapsed = max(now - then, 1e-6)
+        self._last = (now, pages, hits)
+        line = format_progress(
+            self.stats.get_stats(), (pages - pages0) / elapsed, (hits - hits0) / elapsed
+        )
+        logger.info("Progress: %s", line)
+
+    def spider_closed(self, spider, reason) -> None:
+        if self._task is not None and self._task.running:
+            self._task.stop()

@@ -1,0 +1,358 @@
+"""Stores every response the crawl receives, and skips what is already stored.
+
+``ArchiveMiddleware`` sits at the outer end of the downloader middlewares (after
+redirects, retries and decompression have happened), so it sees each request once on
+its way out and its final answer once on the way back:
+
+- on the way out, a request whose key is in the catalog is not sent: it is logged as
+  a ``cache_hit`` and dropped, or answered from the archive when its meta asks for
+  ``catalog_replay`` (a depth crawl needs the links of stored pages), or sent with
+  validators when the spider revalidates;
+- on the way back, final answers are handed to the archive writer process, 304s
+  refresh their row, and everything else is logged as an error (no row, so the next
+  run tries again).
+
+Request meta keys: ``catalog_key`` (computed if absent), ``catalog_replay``,
+``catalog_revalidate`` (or the spider attribute ``revalidate``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from scrapy import Request, signals
+from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.http import Response
+from scrapy.utils.defer import deferred_from_coro
+
+from crawler import signals as crawler_signals
+from crawler.actionlog import ActionLog
+from crawler.archive import ArchiveError, Fetch, read_record, resolve
+from crawler.catalog import Catalog, CatalogError
+from crawler.keys import request_key
+from crawler.responses import build_response
+from crawler.store import DataDirLock, StoreConfig, StoreError, WriterProcess, recover
+
+logger = logging.getLogger(__name__)
+
+CACHED_FLAG = "cached"
+_HIDDEN_REQUEST_HEADERS = {b"proxy-authorization", b"authorization"}
+
+
+class CachedRequest(IgnoreRequest):
+    """The request's answer is already stored."""
+
+
+@dataclass
+class StorageSettings:
+    data_dir: Path
+    store_statuses: frozenset[int]
+    queue_bytes: int
+    store: StoreConfig
+
+    @classmethod
+    def from_settings(cls, settings) -> StorageSettings:
+        data_dir = Path(settings.get("DATA_DIR") or "data")
+        batch_size = settings.getint("CATALOG_BATCH_SIZE")
+        if batch_size < 1:
+            raise ValueError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
+        level = settings.getint("ARCHIVE_GZIP_LEVEL")
+        if not 0 <= level <= 9:
+            raise ValueError(f"ARCHIVE_GZIP_LEVEL must be 0-9, not {level}")
+        return cls(
+            data_dir=data_dir,
+            store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
+            queue_bytes=settings.getint("ARCHIVE_QUEUE_BYTES"),
+            store=StoreConfig(
+                data_dir=data_dir,
+                prefix=settings.get("ARCHIVE_PREFIX") or "crawl",
+                rollover_bytes=settings.getint("ARCHIVE_ROLLOVER_BYTES"),
+                gzip_level=level,
+                batch_size=batch_size,
+                flush_seconds=settings.getfloat("CATALOG_FLUSH_SECONDS"),
+            ),
+        )
+
+
+def _is_robots(request: Request) -> bool:
+    return request.meta.get("dont_obey_robotstxt") and request.url.endswith("/robots.txt")
+
+
+def _headers(headers, hidden: set[bytes] = frozenset()) -> list[tuple[str, str]]:
+    return [
+        (name.decode("latin-1"), value.decode("latin-1"))
+        for name, values in headers.items()
+        if name.lower() not in hidden
+        for value in values
+    ]
+
+
+class ArchiveMiddleware:
+    def __init__(self, crawler):
+        if not crawler.settings.getbool("ARCHIVE_ENABLED", True):
+            raise NotConfigured("ARCHIVE_ENABLED is off")
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.config = StorageSettings.from_settings(crawler.settings)
+        self.revalidate = False
+        self.catalog: Catalog | None = None
+        self.writer: WriterProcess | None = None
+        self.log: ActionLog | None = None
+        self._lock = DataDirLock(self.config.store.lock_path)
+        self._failed = False
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        mw = cls(crawler)
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(mw._on_action_signal, signal=crawler_signals.action)
+        return mw
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def spider_opened(self, spider) -> None:
+        self.revalidate = bool(getattr(spider, "revalidate", False))
+        config = self.config.store
+        try:
+            self._lock.acquire()
+            recovery = recover(config)
+            for repair in recovery.repairs:
+                logger.warning(
+                    "Repaired %s left open by a killed run: %d records kept, %d bytes cut%s",
+                    repair.path,
+                    repair.records,
+                    repair.cut_bytes,
+                    f" (saved in {repair.cut_file})" if repair.cut_file else "",
+                )
+            if recovery.indexed_rows:
+                logger.warning(
+                    "Indexed %d stored records the catalog lacked", recovery.indexed_rows
+                )
+                self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
+            Catalog(config.catalog_path).close()  # creates or migrates it
+            self.catalog = Catalog(config.catalog_path, readonly=True)
+            self.log = ActionLog(config.action_log_path)
+            self.writer = WriterProcess(config, queue_bytes=self.config.queue_bytes)
+        except (StoreError, CatalogError, OSError) as exc:
+            self._fail(f"cannot open the data directory {config.data_dir}: {exc}")
+            return
+        logger.info("Storing in %s (catalog %s)", config.data_dir, config.catalog_path)
+
+    def spider_closed(self, spider, reason) -> None:
+        summary = None
+        if self.writer is not None:
+            try:
+                summary = self.writer.close()
+            except StoreError as exc:
+                logger.error("The archive writer failed: %s", exc)
+            self.writer = None
+        if summary:
+            self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
+            self._log_summary(summary)
+        if self.catalog is not None:
+            self.catalog.close()
+            self.catalog = None
+        if self.log is not None:
+            self.log.close()
+        self._lock.release()
+
+    def _log_summary(self, summary: dict) -> None:
+        config = self.config.store
+        with Catalog(config.catalog_path, readonly=True) as catalog:
+            totals = catalog.summary()
+        archive_bytes = sum(p.stat().st_size for p in config.archive_dir.glob("*.warc.gz*"))
+        by_status = ", ".join(f"{s}: {n}" for s, n in totals["by_status"].items()) or "none"
+        logger.info(
+            "This run stored %d responses (%s bytes) and refreshed %d.\n"
+            "Catalog %s: %d rows (%s), %s bytes of bodies.\n"
+            "Archive %s: %.1f MB in %d files. Action log: %s",
+            summary["stored"],
+            f"{summary['bytes']:,}",
+            summary["refreshed"],
+            config.catalog_path,
+            totals["rows"],
+            by_status,
+            f"{totals['bytes']:,}",
+            config.archive_dir,
+            archive_bytes / 1e6,
+            len(list(config.archive_dir.glob("*.warc.gz"))),
+            config.action_log_path,
+        )
+
+    def _fail(self, message: str) -> None:
+        if self._failed:
+            return
+        self._failed = True
+        logger.error("%s", message)
+        self.stats.set_value("archive/error", message)
+        deferred_from_coro(self.crawler.engine.close_spider_async(reason="storage_error"))
+
+    # -- the action log -------------------------------------------------------------
+
+    def _on_action_signal(self, signal=None, sender=None, **kwargs) -> None:
+        self.record_action(**kwargs)
+
+    def record_action(
+        self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
+    ) -> None:
+        self.stats.inc_value(f"actions/{outcome}")
+        if outcome != "retry" and depth == 0:
+            self.stats.inc_value("progress/list_done")
+        if self.log is not None:
+            self.log.write(url, key, outcome, **fields)
+
+    def _record(self, request: Request, outcome: str, **fields) -> None:
+        meta = request.meta
+        if "download_latency" in meta and "elapsed_ms" not in fields:
+            fields["elapsed_ms"] = meta["download_latency"] * 1000
+        if meta.get("proxy_label"):
+            fields["proxy"] = meta["proxy_label"]
+        self.record_action(
+            meta.get("catalog_url", request.url),
+            meta.get("catalog_key"),
+            outcome,
+            depth=meta.get("depth", 0),
+            attempt=meta.get("retry_times", 0) + 1,
+            **fields,
+        )
+
+    # -- keys and the start-request fast path ---------------------------------------
+
+    def key_for(self, request: Request) -> str:
+        meta = request.meta
+        key = meta.get("catalog_key")
+        if key is None:
+            key = request_key(request.url, request.method, request.body)
+            meta["catalog_key"] = key
+            meta["catalog_url"] = request.url
+        return key
+
+    def filter_start(self, requests: list[Request]) -> list[Request]:
+        """Drop the stored ones among a batch of start requests, with one query."""
+        if self.catalog is None:
+            return requests
+        keys = [self.key_for(r) for r in requests]
+        present = self.catalog.present(keys)
+        out = []
+        for request, key in zip(requests, keys, strict=False):
+            meta = request.meta
+            meta["catalog_checked"] = True
+            meta["catalog_cached"] = cached = key in present
+            if cached and not self._wants_fetch_when_cached(request):
+                self.stats.inc_value("catalog/cache_hits")
+                self._record(request, "cache_hit")
+            else:
+                out.append(request)
+        return out
+
+    def _wants_fetch_when_cached(self, request: Request) -> bool:
+        meta = request.meta
+        return bool(meta.get("catalog_replay") or meta.get("catalog_revalidate", self.revalidate))
+
+    # -- downloader middleware -------------------------------------------------------
+
+    def process_request(self, request: Request) -> Response | None:
+        if self.catalog is None or _is_robots(request):
+            return None
+        meta = request.meta
+        key = self.key_for(request)
+        if meta.get("catalog_checked") and not meta.get("catalog_cached"):
+            return None
+        if meta.get("catalog_revalidating"):
+            return None  # a redirect or retry of a revalidation
+        row = self.catalog.get(key)
+        meta["catalog_checked"] = True
+        meta["catalog_cached"] = row is not None
+        if row is None:
+            return None
+        if meta.get("catalog_revalidate", self.revalidate) and (row.etag or row.last_modified):
+            if row.etag:
+                request.headers["If-None-Match"] = row.etag
+            if row.last_modified:
+                request.headers["If-Modified-Since"] = row.last_modified
+            meta["catalog_revalidating"] = True
+            meta["catalog_row"] = row
+            return None
+        if meta.get("catalog_revalidate", self.revalidate):
+            return None  # no validators: fetch it again
+        self.stats.inc_value("catalog/cache_hits")
+        if meta.get("catalog_replay"):
+            response = self._replay(request, row)
+            if response is not None:
+                self._record(request, "cache_hit")
+                return response
+            return None
+        self._record(request, "cache_hit")
+        raise CachedRequest(f"already stored: {request.url}")
+
+    def _replay(self, request: Request, row) -> Response | None:
+        try:
+            stored = read_record(resolve(self.config.data_dir, row.archive), row.offset, row.length)
+        except (ArchiveError, OSError) as exc:
+            logger.warning("Stored copy of %s unreadable, fetching it again: %s", request.url, exc)
+            self.stats.inc_value("archive/read_errors")
+            return None
+        self.stats.inc_value("archive/replayed")
+        return build_response(stored, request, flags=[CACHED_FLAG])
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if self.writer is None or _is_robots(request) or CACHED_FLAG in response.flags:
+            return response
+        meta = request.meta
+        status = response.status
+        if status == 304 and meta.get("catalog_revalidating"):
+            return self._not_modified(request, response)
+        if status not in self.config.store_statuses:
+            self._record(request, "error", status=status, error=f"HTTP {status}")
+            return response
+        fetch = self._fetch(request, response)
+        try:
+            self.writer.put(fetch)
+        except StoreError as exc:
+            self._record(request, "error", status=status, error=f"not stored: {exc}")
+            self._fail(str(exc))
+            return response
+        self.stats.inc_value("archive/stored")
+        self.stats.inc_value("archive/stored_bytes", len(fetch.body))
+        self._record(request, "ok", status=status, bytes=len(fetch.body))
+        return response
+
+    def _not_modified(self, request: Request, response: Response) -> Response:
+        row = request.meta.get("catalog_row")
+        try:
+            self.writer.touch(self._fetch(request, response), row.fetched_at if row else None)
+        except StoreError as exc:
+            self._fail(str(exc))
+            return response
+        self.stats.inc_value("catalog/not_modified")
+        self._record(request, "not_modified", status=304, bytes=0)
+        if request.meta.get("catalog_replay") and row is not None:
+            return self._replay(request, row) or response
+        return response
+
+    def _fetch(self, request: Request, response: Response) -> Fetch:
+        meta = request.meta
+        return Fetch(
+            key=self.key_for(request),
+            url=meta.get("catalog_url", request.url),
+            final_url=response.url,
+            method=request.method,
+            request_headers=_headers(request.headers, _HIDDEN_REQUEST_HEADERS),
+            request_body=request.body,
+            status=response.status,
+            response_headers=_headers(response.headers),
+            body=response.body,
+        )
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        if self.log is None or isinstance(exception, CachedRequest) or _is_robots(request):
+            return None
+        if isinstance(exception, IgnoreRequest):
+            error = str(exception) or "ignored"
+        else:
+            error = f"{type(exception).__name__}: {exception}"
+        self._record(request, "error", error=error)
+        return None

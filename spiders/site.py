@@ -1,0 +1,144 @@
+"""The ``site`` spider: fetch a list of URLs, optionally following links.
+
+    scrapy crawl site -a urls=urls.txt [-a depth=N] [-a revalidate=1]
+
+Storage needs nothing from this spider: the project's middlewares store every
+response and skip what is stored, for any spider of the project.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import scrapy
+from scrapy.exceptions import UsageError
+from scrapy.http import TextResponse
+from twisted.internet.threads import deferToThread
+
+from crawler import signals as crawler_signals
+from crawler.domains import registered_domain
+
+logger = logging.getLogger(__name__)
+
+
+def check_url(text: str) -> str | None:
+    """Why ``text`` is not an absolute http(s) URL, or None when it is one."""
+    if any(c.isspace() for c in text):
+        return "contains white space"
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https"):
+        return "not an absolute http(s) URL"
+    if not parts.hostname:
+        return "no host name"
+    return None
+
+
+class UrlList:
+    """The lines of a URL list, streamed: ``(line number, url, problem)`` per entry.
+
+    Blank lines and ``#`` comments are skipped. Opening happens at construction, so a
+    missing or unreadable file is an error before the crawl starts.
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+        if path == "-":
+            self._file = sys.stdin.buffer
+            self.name = "<stdin>"
+        else:
+            self.name = path
+            try:
+                self._file = open(path, "rb")
+            except OSError as exc:
+                raise UsageError(f"cannot read the URL list {path}: {exc.strerror}") from None
+
+    def __iter__(self) -> Iterator[tuple[int, str, str | None]]:
+        with self._file as f:
+            for number, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8").strip()
+                except UnicodeDecodeError:
+                    yield number, raw.decode("utf-8", "replace").strip(), "not UTF-8 text"
+                    continue
+                if not line or line.startswith("#"):
+                    continue
+                yield number, line, check_url(line)
+
+    def count(self) -> int | None:
+        """Entries in the list (None for standard input); reads the file once more."""
+        if self.path == "-":
+            return None
+        n = 0
+        with open(self.path, "rb") as f:
+            for raw in f:
+                line = raw.strip()
+                if line and not line.startswith(b"#"):
+                    n += 1
+        return n
+
+
+def _flag(value) -> bool:
+    return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+class SiteSpider(scrapy.Spider):
+    name = "site"
+
+    def __init__(self, urls: str | None = None, depth: str = "0", revalidate: str = "0", **kwargs):
+        super().__init__(**kwargs)
+        if not urls:
+            raise UsageError(
+                "give the URL list: -a urls=PATH (one URL per line; - reads standard input)"
+            )
+        try:
+            self.depth = int(depth)
+        except ValueError:
+            raise UsageError(f"-a depth takes a whole number, not {depth!r}") from None
+        if self.depth < 0:
+            raise UsageError(f"-a depth takes a number of 0 or more, not {self.depth}")
+        self.revalidate = _flag(revalidate)
+        self.url_list = UrlList(urls)
+        self.domains: set[str] = set()
+
+    async def start(self):
+        if self.url_list.path != "-":
+            deferToThread(self.url_list.count).addCallback(
+                lambda n: self.crawler.stats.set_value("progress/list_total", n)
+            )
+        for number, url, problem in self.url_list:
+            if problem:
+                self._bad_line(number, url, problem)
+                continue
+            self.domains.add(registered_domain(urlsplit(url).hostname))
+            yield scrapy.Request(url, callback=self.parse, meta={"catalog_replay": self.depth > 0})
+
+    def _bad_line(self, number: int, text: str, problem: str) -> None:
+        message = f"{self.url_list.name}:{number}: {problem}: {text[:200]!r}"
+        logger.warning("Skipped line %s", message)
+        self.crawler.stats.inc_value("site/bad_lines")
+        self.crawler.signals.send_catch_log(
+            crawler_signals.action, url=text, key=None, outcome="error", error=message
+        )
+
+    def parse(self, response):
+        yield from self.follow_links(response)
+
+    def follow_links(self, response) -> Iterator[scrapy.Request]:
+        depth = response.meta.get("depth", 0)
+        if depth >= self.depth or not isinstance(response, TextResponse):
+            return
+        replay = depth + 1 < self.depth
+        for href in response.css("a::attr(href)").getall():
+            url = response.urljoin(href.strip())
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                continue
+            if registered_domain(parts.hostname) in self.domains:
+                yield scrapy.Request(url, callback=self.parse, meta={"catalog_replay": replay})

@@ -1,0 +1,258 @@
+"""The ``site`` spider end to end: real server, real subprocess crawls, real files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from warcio.archiveiterator import ArchiveIterator
+
+from crawler.keys import request_key
+from tests.checks import actions, assert_rows_readable, catalog_rows, rows_by_url
+from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
+
+KINDS = ["page/1.html", "gzip/2", "chunked/3", "redirect/4", "binary/5", "latin1/6"]
+
+
+def test_bytes_stored_equal_bytes_served(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/{k}" for k in KINDS]
+    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
+    assert result.returncode == 0, result.stderr
+    rows = assert_rows_readable(data_dir, site)
+    by_url = rows_by_url(data_dir)
+    assert set(by_url) == set(urls)
+    redirected = by_url[f"{site.base_url}/redirect/4"]
+    assert redirected.final_url == f"{site.base_url}/page/4.html"
+    assert redirected.key == request_key(f"{site.base_url}/redirect/4")
+    assert by_url[f"{site.base_url}/latin1/6"].content_type == "text/html; charset=iso-8859-1"
+    assert all(r.fetched_at.endswith("Z") and "T" in r.fetched_at for r in rows.values())
+    assert all(
+        r.archive.startswith("archive/") and r.archive.endswith(".warc.gz") for r in rows.values()
+    )
+
+
+def test_stored_headers_describe_the_stored_payload(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/gzip/7", f"{site.base_url}/chunked/7"]
+    run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
+    for path in (data_dir / "archive").glob("*.warc.gz"):
+        with open(path, "rb") as f:
+            for record in ArchiveIterator(f):
+                if record.rec_type != "response":
+                    continue
+                headers = record.http_headers
+                body = record.content_stream().read()
+                assert headers.get_header("Content-Encoding") is None
+                assert headers.get_header("Transfer-Encoding") is None
+                assert int(headers.get_header("Content-Length")) == len(body)
+                assert body == site.payload(
+                    record.rec_headers.get_header("WARC-Target-URI").split(site.base_url)[1]
+                )
+
+
+def test_archive_passes_warcio_check_and_cdxj_indexer(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/{k}" for k in KINDS]
+    run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
+    archives = sorted((data_dir / "archive").glob("*.warc.gz"))
+    assert archives
+    bindir = ROOT / ".venv" / "bin"
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from warcio.cli import main; main()",
+            "check",
+            "-v",
+            *map(str, archives),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    indexer = bindir / "cdxj-indexer"
+    cdx = subprocess.run([str(indexer), *map(str, archives)], capture_output=True, text=True)
+    assert cdx.returncode == 0, cdx.stderr
+    lines = [line for line in cdx.stdout.splitlines() if '"status": "200"' in line]
+    assert len(lines) >= len(KINDS)
+
+
+def test_statuses_rows_and_action_log(site, tmp_path, data_dir):
+    base = site.base_url
+    urls = [
+        f"{base}/missing/1",
+        f"{base}/gone/1",
+        f"{base}/error/1",
+        f"{base}/private/1",
+        f"{base}/flaky/9",
+    ]
+    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
+    assert result.returncode == 0, result.stderr
+    by_url = rows_by_url(data_dir)
+    assert by_url[f"{base}/missing/1"].status == 404
+    assert by_url[f"{base}/gone/1"].status == 410
+    assert by_url[f"{base}/flaky/9"].status == 200
+    assert f"{base}/error/1" not in by_url  # 5xx after retries: tried again next run
+    assert f"{base}/private/1" not in by_url
+    log = actions(data_dir)
+    for entry in log:
+        assert set(entry) >= {
+            "ts",
+            "url",
+            "key",
+            "attempt",
+            "outcome",
+            "status",
+            "error",
+            "elapsed_ms",
+            "bytes",
+        }
+    outcomes = Counter((e["url"], e["outcome"]) for e in log)
+    assert outcomes[(f"{base}/error/1", "retry")] == 2
+    assert outcomes[(f"{base}/error/1", "error")] == 1
+    assert outcomes[(f"{base}/flaky/9", "retry")] == 1
+    assert outcomes[(f"{base}/flaky/9", "ok")] == 1
+    robots = [e for e in log if e["url"] == f"{base}/private/1"]
+    assert robots and robots[0]["outcome"] == "error" and "robots.txt" in robots[0]["error"]
+    final_error = [e for e in log if e["url"] == f"{base}/error/1" and e["outcome"] == "error"][0]
+    assert final_error["status"] == 500 and final_error["attempt"] == 3
+
+
+def test_bad_lines_are_reported_and_skipped(site, tmp_path, data_dir):
+    base = site.base_url
+    lines = [
+        "# a comment",
+        f"{base}/page/10.html",
+        "",
+        "not a url",
+        "ftp://example.org/file",
+        "http://",
+        f"{base}/page/11.html",
+        "http://bad port:x/",
+    ]
+    result = run_crawl(write_urls(tmp_path / "urls.txt", lines), data_dir)
+    assert result.returncode == 0, result.stderr
+    for number in (4, 5, 6, 8):
+        assert f"urls.txt:{number}:" in result.stderr
+    assert result.stderr.count("Skipped line") == 4
+    assert "'site/bad_lines': 4" in result.stderr
+    errors = [e for e in actions(data_dir) if e["outcome"] == "error" and e["key"] is None]
+    assert len(errors) == 4
+    assert set(rows_by_url(data_dir)) == {f"{base}/page/10.html", f"{base}/page/11.html"}
+
+
+def test_missing_url_list_is_a_clear_error(tmp_path, data_dir):
+    result = run_crawl(tmp_path / "nope.txt", data_dir)
+    assert result.returncode == 2
+    assert f"cannot read the URL list {tmp_path / 'nope.txt'}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (data_dir / "metadata.db").exists()
+
+
+def test_urls_from_stdin_and_duplicates_fetched_once(site, tmp_path, data_dir):
+    base = site.base_url
+    url = f"{base}/page/20.html"
+    site.reset_counts()
+    result = run_crawl("-", data_dir, stdin=f"{url}\n{url}\n{base}/page/21.html\n{url}\n")
+    assert result.returncode == 0, result.stderr
+    assert site.counts["/page/20.html"] == 1
+    assert set(rows_by_url(data_dir)) == {url, f"{base}/page/21.html"}
+
+
+def test_resume_fetches_nothing_already_stored(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(30, 60)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    assert run_crawl(url_file, data_dir).returncode == 0
+    before = catalog_rows(data_dir)
+    site.reset_counts()
+    result = run_crawl(url_file, data_dir)
+    assert result.returncode == 0, result.stderr
+    fetched = {p: c for p, c in site.counts.items() if p.startswith("/page/")}
+    assert fetched == {}
+    assert catalog_rows(data_dir) == before
+    hits = [e for e in actions(data_dir) if e["outcome"] == "cache_hit"]
+    assert sorted(e["url"] for e in hits) == sorted(urls)
+
+
+def test_revalidation_sends_validators_and_handles_304_and_200(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in (70, 71)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    assert run_crawl(url_file, data_dir).returncode == 0
+    before = rows_by_url(data_dir)
+    site.bump("/page/71.html")
+    result = run_crawl(url_file, data_dir, "-a", "revalidate=1")
+    assert result.returncode == 0, result.stderr
+    sent = site.request_headers["/page/70.html"]
+    assert sent.get("If-None-Match") == before[urls[0]].etag
+    assert sent.get("If-Modified-Since") == before[urls[0]].last_modified
+    after = rows_by_url(data_dir)
+    assert len(after) == 2
+    same, changed = after[urls[0]], after[urls[1]]
+    old = before[urls[0]]
+    assert same.fetched_at > old.fetched_at
+    assert (same.archive, same.offset, same.length, same.payload_digest) == (
+        old.archive,
+        old.offset,
+        old.length,
+        old.payload_digest,
+    )
+    assert changed.payload_digest != before[urls[1]].payload_digest
+    assert changed.etag != before[urls[1]].etag
+    assert_rows_readable(data_dir, site)
+    outcomes = Counter(e["outcome"] for e in actions(data_dir) if e["url"] in urls)
+    assert outcomes["not_modified"] == 1 and outcomes["ok"] == 3
+
+
+def test_depth_crawl_stays_on_site_and_resumes_to_the_same_pages(site, tmp_path):
+    url_file = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/100.html"])
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert run_crawl(url_file, full, "-a", "depth=2").returncode == 0
+    reached = set(rows_by_url(full))
+    assert len(reached) > 20
+    stopped = run_crawl(url_file, part, "-a", "depth=2", "-s", "CLOSESPIDER_PAGECOUNT=8")
+    assert stopped.returncode == 75, stopped.stderr
+    assert len(rows_by_url(part)) < len(reached)
+    resumed = run_crawl(url_file, part, "-a", "depth=2")
+    assert resumed.returncode == 0, resumed.stderr
+    assert set(rows_by_url(part)) == reached
+
+
+def test_a_users_own_spider_gets_the_same_storage(site, tmp_path, data_dir):
+    spider = tmp_path / "mine.py"
+    spider.write_text(
+        "import scrapy\n"
+        "class Mine(scrapy.Spider):\n"
+        "    name = 'mine'\n"
+        f"    start_urls = ['{site.base_url}/page/90.html', '{site.base_url}/gzip/91']\n"
+        "    def parse(self, response):\n"
+        "        yield {'url': response.url}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "runspider", str(spider), "-s", f"DATA_DIR={data_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=crawl_env(),
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(assert_rows_readable(data_dir, site)) == 2
+
+
+def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir):
+    from crawler.store import DataDirLock, StoreError
+
+    lock = DataDirLock(data_dir / ".lock")
+    lock.acquire()
+    try:
+        result = run_crawl(
+            write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir
+        )
+    finally:
+        lock.release()
+    assert result.returncode == 1
+    assert "is in use by another crawl" in result.stderr
+    with pytest.raises(StoreError):
+        other = DataDirLock(data_dir / ".lock")
+        lock.acquire()
+        other.acquire()
