@@ -1,0 +1,181 @@
+"""Proxy leases: hub lease+release throughput, and crawl speed through the pool vs direct.
+
+    python -c "from benchmarks.bench_proxies import run; print(*run(), sep='\\n')"
+
+Needs tinyproxy (Debian package) for the crawl part and a PostgreSQL server at PG_TEST_URL
+(default postgresql://postgres@127.0.0.1:5432/test) for the PostgreSQL part; either one
+missing is reported as skipped. Takes about a minute.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+from crawler.hub import Hub
+
+ROOT = Path(__file__).resolve().parent.parent
+PG_URL = os.environ.get("PG_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
+CHURN_SECONDS = 5.0
+PROXIES = 5
+PAGES = 800
+
+CHURN = """
+import sys
+from crawler.hub import churn
+print(churn(sys.argv[1], float(sys.argv[2])))
+"""
+
+SPIDER = """
+import json, sys, time
+from scrapy import Request, Spider, signals
+from scrapy.crawler import CrawlerProcess
+
+class Pages(Spider):
+    name = "bench"
+    times = []
+    def __init__(self, base, pages, **kw):
+        super().__init__(**kw)
+        self.base, self.pages = base, int(pages)
+    async def start(self):
+        for n in range(self.pages):
+            yield Request(f"{self.base}/page/{n}")
+    def parse(self, response):
+        self.times.append(time.monotonic())
+
+settings = json.loads(sys.argv[1])
+process = CrawlerProcess(settings)
+process.crawl(Pages, base=sys.argv[2], pages=sys.argv[3])
+process.start()
+t = Pages.times
+print(json.dumps({"pages": len(t), "seconds": t[-1] - t[0] if len(t) > 1 else 0}))
+"""
+
+
+def _python(code: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def lease_rate(url: str, processes: int) -> float:
+    """Lease+release operations per second over all processes."""
+    with Hub.open(url) as hub:
+        hub.add_proxies([f"http://127.0.0.1:{20000 + n}" for n in range(PROXIES)])
+    workers = [_python(CHURN, url, str(CHURN_SECONDS)) for _ in range(processes)]
+    total = 0
+    for worker in workers:
+        out, err = worker.communicate(timeout=CHURN_SECONDS + 120)
+        if worker.returncode:
+            raise RuntimeError(err[-2000:])
+        total += int(out)
+    return total / CHURN_SECONDS
+
+
+def _pg_schema() -> tuple[str, object] | None:
+    try:
+        import psycopg
+
+        admin = psycopg.connect(PG_URL, autocommit=True, connect_timeout=5)
+    except Exception:
+        return None
+    schema = f"hubbench_{uuid.uuid4().hex[:8]}"
+    admin.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    return f"{PG_URL}{sep}options=-csearch_path%3D{schema}", (admin, schema)
+
+
+def bench_leases(workdir: Path) -> list[str]:
+    lines = []
+    for processes in (1, 8):
+        url = f"sqlite:///{workdir}/hub-{processes}.db"
+        rate = lease_rate(url, processes)
+        lines.append(f"hub sqlite: {processes} process(es), lease+release {rate:,.0f} ops/s")
+    for processes in (1, 8):
+        made = _pg_schema()
+        if made is None:
+            lines.append(f"hub postgresql: skipped (no server at PG_TEST_URL={PG_URL})")
+            break
+        url, (admin, schema) = made
+        try:
+            rate = lease_rate(url, processes)
+        finally:
+            admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
+            admin.close()
+        lines.append(f"hub postgresql: {processes} process(es), lease+release {rate:,.0f} ops/s")
+    return lines
+
+
+def crawl_rate(base: str, settings: dict[str, object]) -> float:
+    settings = {
+        "LOG_LEVEL": "WARNING",
+        "ROBOTSTXT_OBEY": False,
+        "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
+        "TELNETCONSOLE_ENABLED": False,
+        **settings,
+    }
+    worker = _python(textwrap.dedent(SPIDER), json.dumps(settings), base, str(PAGES))
+    out, err = worker.communicate(timeout=300)
+    result = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
+    if worker.returncode or not result or result["pages"] != PAGES:
+        raise RuntimeError(f"benchmark crawl failed: {err[-2000:]}")
+    return result["pages"] / result["seconds"]
+
+
+def bench_crawl(workdir: Path) -> list[str]:
+    if shutil.which("tinyproxy") is None:
+        return ["crawl through the pool: skipped (tinyproxy is not installed)"]
+    from tests.proxy_servers import Origin, TinyProxy
+
+    origin = Origin()
+    proxies = [TinyProxy(f"bench-{n}", workdir) for n in range(3)]
+    try:
+        for proxy in proxies:
+            proxy.start()
+        hub_url = f"sqlite:///{workdir}/crawl-hub.db"
+        with Hub.open(hub_url) as hub:
+            hub.add_proxies([p.url for p in proxies])
+        direct = crawl_rate(origin.base, {})
+        pooled = crawl_rate(
+            origin.base,
+            {
+                "DOWNLOADER_MIDDLEWARES": {"middlewares.proxy_lease.ProxyLeaseMiddleware": 740},
+                "HUB_URL": hub_url,
+                "PROXY_LEASES_PER_PROCESS": 3,
+                "PROXY_ROTATE_EVERY": 100,
+                "PROXY_REST_SECONDS": 0,
+            },
+        )
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+        origin.stop()
+    return [
+        f"crawl direct: {direct:,.0f} pages/s ({PAGES} pages, 16 concurrent, loopback origin)",
+        f"crawl through the pool: {pooled:,.0f} pages/s (3 tinyproxies, 3 leases, "
+        f"rotate every 100) = {pooled / direct:.0%} of direct",
+    ]
+
+
+def run() -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="bench-proxies-") as tmp:
+        workdir = Path(tmp)
+        os.chmod(workdir, 0o755)
+        return bench_leases(workdir) + bench_crawl(workdir)
+
+
+if __name__ == "__main__":
+    print(*run(), sep="\n")

@@ -1,0 +1,63 @@
+"""``scrapy proxies``: manage the hub's shared proxy pool."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from crawler.hub import Hub, HubError
+from crawler.proxy_admin import ProxyAdmin, hub_url_from
+
+ACTIONS = ("add", "import", "list", "disable", "enable", "stats")
+
+
+class Command(ScrapyCommand):
+    requires_project = False
+    default_settings = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return "add URL... | import FILE | list | disable URL | enable URL | stats"
+
+    def short_desc(self) -> str:
+        return "Manage the shared proxy pool in the hub (HUB_URL)"
+
+    def long_desc(self) -> str:
+        return (
+            "Manage the proxies that crawls lease from the hub named by the HUB_URL setting "
+            "or environment variable. URLs are shown with their passwords as ***. "
+            "disable/enable take an id or a URL as `list` shows it."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if not args or args[0] not in ACTIONS:
+            raise UsageError(f"give one of: {', '.join(ACTIONS)}")
+        action, rest = args[0], args[1:]
+        expected = {"add": None, "import": 1, "list": 0, "disable": 1, "enable": 1, "stats": 0}
+        want = expected[action]
+        if (want is None and not rest) or (want is not None and len(rest) != want):
+            raise UsageError(
+                f"`proxies {action}` takes {want if want is not None else '1+'} argument(s)"
+            )
+        assert self.settings is not None
+        try:
+            with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
+                print(self._dispatch(ProxyAdmin(hub), action, rest))
+        except HubError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1
+
+    @staticmethod
+    def _dispatch(admin: ProxyAdmin, action: str, rest: list[str]) -> str:
+        if action == "add":
+            return admin.add(rest)
+        if action == "import":
+            return admin.import_file(rest[0])
+        if action in ("disable", "enable"):
+            return admin.set_enabled(rest[0], action == "enable")
+        return admin.list() if action == "list" else admin.stats()

@@ -1,0 +1,131 @@
+"""Managing the hub's proxy pool: the logic behind ``scrapy proxies``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from crawler.hub import Hub, HubError, InvalidProxyURLError, normalize_proxy_url
+
+
+class ProxyFileError(HubError):
+    """A proxy list file cannot be read or holds a malformed line."""
+
+
+def hub_url_from(setting: str | None, environ: dict[str, str] | None = None) -> str:
+    """The HUB_URL setting, else the HUB_URL environment variable; an error names both."""
+    env = os.environ if environ is None else environ
+    url = setting or env.get("HUB_URL")
+    if not url:
+        raise HubError(
+            "no hub: set HUB_URL (-s HUB_URL=sqlite:///hub.db, the project settings, "
+            "or the HUB_URL environment variable)"
+        )
+    return url
+
+
+def read_proxy_file(path: str | os.PathLike[str]) -> list[str]:
+    """Proxy URLs from a file, one a line; blank lines and ``#`` comments are skipped."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProxyFileError(f"cannot read the proxy list {path}: {exc.strerror}") from None
+    urls = []
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            urls.append(normalize_proxy_url(line))
+        except InvalidProxyURLError as exc:
+            raise ProxyFileError(f"{path}, line {number}: {exc}") from None
+    return urls
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """A plain text table with left-aligned columns."""
+    cells = [[str(h) for h in headers]] + [[_cell(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.1%}" if value <= 1 else f"{value:g}"
+    return str(value)
+
+
+def _when(ts: float | None, now: float) -> str:
+    if ts is None or ts <= now:
+        return "-"
+    left = ts - now
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    return f"{stamp} (in {int(left)} s)"
+
+
+class ProxyAdmin:
+    """Add, list, enable, disable proxies and report their use; every URL shown redacted."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    def add(self, urls: Iterable[str]) -> str:
+        added, known = self.hub.add_proxies(urls)
+        return f"added {added} proxies, {known} already in the hub {self.hub.label}"
+
+    def import_file(self, path: str) -> str:
+        return self.add(read_proxy_file(path))
+
+    def set_enabled(self, ref: str, enabled: bool) -> str:
+        row = self.hub.find_proxy(ref)
+        self.hub.set_enabled(row.id, enabled)
+        return f"proxy #{row.id} {row.label} {'enabled' if enabled else 'disabled'}"
+
+    def list(self) -> str:
+        now = self.hub.now()
+        rows = [
+            (
+                row.id,
+                row.label,
+                row.effective_state(now),
+                row.holder if row.effective_state(now) == "leased" else None,
+                row.stretch_uses,
+                row.total_uses,
+                row.failures,
+                row.bans,
+                _when(row.resting_until, now),
+            )
+            for row in self.hub.proxies()
+        ]
+        if not rows:
+            return f"no proxies in the hub {self.hub.label}: add some with `scrapy proxies add URL`"
+        headers = ("id", "proxy", "state", "holder", "stretch", "uses", "failures", "bans")
+        return format_table((*headers, "resting until"), rows)
+
+    def stats(self) -> str:
+        rows = [
+            (
+                item["id"],
+                item["label"],
+                "yes" if item["enabled"] else "no",
+                item["leases"],
+                item["requests"],
+                item["bytes"],
+                item["failures"],
+                item["bans"],
+                f"{item['ban_rate']:.1%}",
+            )
+            for item in self.hub.usage_stats()
+        ]
+        if not rows:
+            return f"no proxies in the hub {self.hub.label}"
+        headers = ("id", "proxy", "enabled", "leases", "requests", "bytes", "failures", "bans")
+        return format_table((*headers, "ban rate"), rows)

@@ -1,0 +1,113 @@
+"""``scrapy proxies``: the ProxyAdmin logic in process, the command in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crawler.hub import Holder, Hub, HubError
+from crawler.proxy_admin import ProxyAdmin, ProxyFileError, hub_url_from, read_proxy_file
+from tests.test_hub import hub_url  # noqa: F401 - the backend-parametrised fixture
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def scrapy(*args: str, hub: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "HUB_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    if hub:
+        env["HUB_URL"] = hub
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy", "proxies", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_admin_add_list_disable_stats(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as hub:
+        admin = ProxyAdmin(hub)
+        assert "added 2 proxies, 0 already" in admin.add(
+            ["http://bob:hunter2@127.0.0.1:3128", "http://127.0.0.1:3129"]
+        )
+        lease = hub.acquire(Holder("node7", 42, "99_3"), 60)
+        table = admin.list()
+        assert "hunter2" not in table and "http://bob:***@127.0.0.1:3128" in table
+        header, rule, *rows = table.splitlines()
+        assert header.split()[:4] == ["id", "proxy", "state", "holder"]
+        assert "leased" in rows[0] and "node7/42/99_3" in rows[0]
+        assert "free" in rows[1]
+        hub.release(lease, "banned", None, None)
+        assert "banned" in admin.list().splitlines()[2]
+        assert "disabled" in admin.set_enabled("http://bob:***@127.0.0.1:3128", False)
+        assert "disabled" in admin.list().splitlines()[2]
+        assert "enabled" in admin.set_enabled("1", True)
+        stats = admin.stats()
+        assert "ban rate" in stats.splitlines()[0] and "hunter2" not in stats
+        with pytest.raises(HubError, match="no proxy in the hub match"):
+            admin.set_enabled("http://127.0.0.1:1", False)
+
+
+def test_proxy_file_reports_the_bad_line(tmp_path):
+    good = tmp_path / "good.txt"
+    good.write_text("# pool\nhttp://a:pw@127.0.0.1:1\n\nhttp://127.0.0.1:2\n")
+    assert read_proxy_file(good) == ["http://a:pw@127.0.0.1:1", "http://127.0.0.1:2"]
+    bad = tmp_path / "bad.txt"
+    bad.write_text("http://127.0.0.1:1\nftp://u:hunter2@127.0.0.1:2\n")
+    with pytest.raises(ProxyFileError, match=r"bad.txt, line 2: .*use http:// or https://") as info:
+        read_proxy_file(bad)
+    assert "hunter2" not in str(info.value)
+    with pytest.raises(ProxyFileError, match="cannot read the proxy list"):
+        read_proxy_file(tmp_path / "missing.txt")
+
+
+def test_hub_url_from_setting_then_environment():
+    assert hub_url_from("sqlite:///a.db", {"HUB_URL": "sqlite:///b.db"}) == "sqlite:///a.db"
+    assert hub_url_from(None, {"HUB_URL": "sqlite:///b.db"}) == "sqlite:///b.db"
+    with pytest.raises(HubError, match="set HUB_URL"):
+        hub_url_from(None, {})
+
+
+def test_command_end_to_end(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    done = scrapy("add", "http://bob:hunter2@127.0.0.1:3128", "http://127.0.0.1:3129", hub=hub)
+    assert done.returncode == 0 and "added 2 proxies" in done.stdout, done.stderr
+    listing = tmp_path / "more.txt"
+    listing.write_text("http://127.0.0.1:3130\n# comment\nhttp://127.0.0.1:3129\n")
+    assert "added 1 proxies, 1 already" in scrapy("import", str(listing), hub=hub).stdout
+    assert "disabled" in scrapy("disable", "http://127.0.0.1:3129", hub=hub).stdout
+    table = scrapy("list", hub=hub).stdout
+    assert "http://bob:***@127.0.0.1:3128" in table and "disabled" in table
+    assert "ban rate" in scrapy("stats", hub=hub).stdout
+    # -s HUB_URL works as well as the environment variable.
+    assert "enabled" in scrapy("-s", f"HUB_URL={hub}", "enable", "2").stdout
+    everything = "".join(
+        scrapy(*args, hub=hub).stdout + scrapy(*args, hub=hub).stderr
+        for args in [("list",), ("stats",)]
+    )
+    assert "hunter2" not in everything
+
+
+def test_command_errors_are_clear(tmp_path):
+    bad = scrapy("add", "ftp://u:hunter2@127.0.0.1:1", hub=f"sqlite:///{tmp_path}/hub.db")
+    assert bad.returncode == 1 and "use http:// or https://" in bad.stderr
+    assert "hunter2" not in bad.stdout + bad.stderr
+    nohub = scrapy("list")
+    assert nohub.returncode == 1 and "set HUB_URL" in nohub.stderr
+    down = scrapy("list", hub="postgresql://u:hunter2@127.0.0.1:1/x")
+    assert down.returncode == 1 and "cannot reach the hub" in down.stderr
+    assert "hunter2" not in down.stdout + down.stderr
+    usage = scrapy("frobnicate", hub=f"sqlite:///{tmp_path}/hub.db")
+    assert usage.returncode == 2 and "give one of" in usage.stderr
+
+
+def test_command_has_help():
+    done = scrapy("--help")
+    assert done.returncode == 0 and "import FILE" in done.stdout and "HUB_URL" in done.stdout

@@ -1,0 +1,435 @@
+"""ProxyLeaseMiddleware: settings, leasing, waiting, bans, and a crawl through real proxies."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import subprocess
+import sys
+from itertools import groupby
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from scrapy import Request, Spider
+from scrapy.exceptions import NotConfigured
+from scrapy.http import HtmlResponse
+from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.test import get_crawler
+from twisted.internet import error as txerror
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
+
+import crawler.settings as project_settings
+from crawler.hub import Hub, HubUnavailableError
+from middlewares.proxy_lease import ProxyLeaseConfig, ProxyLeaseConfigError, ProxyLeaseMiddleware
+from tests.proxy_servers import PROXY_PASSWORD, PROXY_USER, origin, proxy_pool  # noqa: F401
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRETS = [
+    PROXY_PASSWORD,
+    base64.b64encode(f"{PROXY_USER}:{PROXY_PASSWORD}".encode()).decode(),
+]
+
+
+# --- settings ---------------------------------------------------------------------------
+def test_config_defaults_and_settings_file_agree():
+    config = ProxyLeaseConfig.from_settings(Settings({"HUB_URL": "sqlite:///hub.db"}), {})
+    assert config.rotate_every == 50 and config.ban_statuses == (403, 407, 429)
+    assert config.heartbeat == config.lease_ttl / 3
+    for name, setting in ProxyLeaseConfig.setting_names().items():
+        documented = getattr(project_settings, setting)
+        value = getattr(config, name)
+        assert (tuple(documented) if isinstance(documented, list) else documented) == value, setting
+
+
+def test_config_reads_settings_and_environment():
+    settings = Settings(
+        {
+            "PROXY_ROTATE_EVERY": "7",
+            "PROXY_BAN_STATUSES": "403,503",
+            "PROXY_BAN_BODY_MARKERS": ["captcha"],
+        }
+    )
+    config = ProxyLeaseConfig.from_settings(settings, {"HUB_URL": "sqlite:///env.db"})
+    assert (config.hub_url, config.rotate_every) == ("sqlite:///env.db", 7)
+    assert config.ban_statuses == (403, 503) and config.ban_body_markers == ("captcha",)
+
+
+def test_config_off_without_hub_or_when_disabled():
+    with pytest.raises(NotConfigured, match="HUB_URL"):
+        ProxyLeaseConfig.from_settings(Settings(), {})
+    with pytest.raises(NotConfigured, match="PROXY_ENABLED"):
+        ProxyLeaseConfig.from_settings(Settings({"HUB_URL": "x", "PROXY_ENABLED": False}), {})
+
+
+@pytest.mark.parametrize(
+    ("settings", "names"),
+    [
+        ({"PROXY_ROTATE_EVERY": 0}, "PROXY_ROTATE_EVERY"),
+        ({"PROXY_LEASE_TTL": 10, "PROXY_HEARTBEAT_SECONDS": 20}, "PROXY_HEARTBEAT_SECONDS"),
+        ({"PROXY_REST_JITTER": 1.5}, "PROXY_REST_JITTER"),
+        ({"PROXY_LEASES_PER_PROCESS": "many"}, "PROXY_LEASES_PER_PROCESS"),
+        ({"PROXY_BAN_STATUSES": "forbidden"}, "PROXY_BAN_STATUSES"),
+    ],
+)
+def test_config_errors_name_the_setting(settings, names):
+    with pytest.raises(ProxyLeaseConfigError, match=names):
+        ProxyLeaseConfig.from_settings(Settings({"HUB_URL": "sqlite:///h.db", **settings}), {})
+
+
+def test_no_enabled_proxies_means_direct(tmp_path):
+    url = f"sqlite:///{tmp_path}/hub.db"
+    with Hub.open(url) as hub:
+        hub.add_proxies(["http://127.0.0.1:9"])
+        hub.set_enabled(1, False)
+    with pytest.raises(NotConfigured, match="no enabled proxies"):
+        ProxyLeaseMiddleware.from_crawler(get_crawler(settings_dict={"HUB_URL": url}))
+
+
+def test_unreachable_hub_fails_at_start():
+    pytest.importorskip("psycopg")
+    crawler = get_crawler(
+        settings_dict={"HUB_URL": "postgresql://u:hunter2@127.0.0.1:1/x", "HUB_CONNECT_TIMEOUT": 3}
+    )
+    with pytest.raises(HubUnavailableError, match="cannot reach the hub") as info:
+        ProxyLeaseMiddleware.from_crawler(crawler)
+    assert "hunter2" not in str(info.value)
+
+
+# --- the middleware in process ---------------------------------------------------------------
+class PlainSpider(Spider):
+    name = "plain"
+
+
+class BanSpider(Spider):
+    name = "ban"
+
+    def response_is_ban(self, request, response):
+        if b"you are blocked" in response.body:
+            return True
+        return None if response.status != 403 else False
+
+    def exception_is_ban(self, request, exception):
+        return None
+
+
+def make_middleware(tmp_path, spidercls=PlainSpider, **settings):
+    url = f"sqlite:///{tmp_path}/hub.db"
+    with Hub.open(url) as hub:
+        hub.add_proxies(["http://u:pw-secret@127.0.0.1:1", "http://127.0.0.1:2"])
+    crawler = get_crawler(
+        spidercls,
+        settings_dict={
+            "HUB_URL": url,
+            "PROXY_LEASES_PER_PROCESS": 1,
+            "PROXY_ROTATE_EVERY": 2,
+            "PROXY_REST_SECONDS": 0,
+            "PROXY_POLL_SECONDS": 0.2,
+            **settings,
+        },
+    )
+    crawler.spider = crawler._create_spider()
+    crawler.stats.open_spider()
+    mw = ProxyLeaseMiddleware.from_crawler(crawler)
+    mw.spider_opened()
+    return mw, crawler, url
+
+
+def response(request, status=200, body=b"<html>ok</html>"):
+    return HtmlResponse(request.url, status=status, body=body, request=request)
+
+
+async def _send(mw, url):
+    request = Request(url)
+    await mw.process_request(request)
+    return request
+
+
+@pytest_twisted.inlineCallbacks
+def test_rotation_waits_for_inflight_then_next_proxy(tmp_path):
+    mw, crawler, url = make_middleware(tmp_path)
+    try:
+        r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
+        assert r1.meta["proxy_label"] == r2.meta["proxy_label"] == "http://u:***@127.0.0.1:1"
+        assert r1.meta["proxy"] == "http://u:pw-secret@127.0.0.1:1"
+        assert r1.meta["download_slot"] == "proxy-1"
+        # The lease is used up (2 uses) but r1, r2 are in flight: r3 waits.
+        d3 = deferred_from_coro(_send(mw, "http://example.com/3"))
+        assert not d3.called
+        mw.process_response(r1, response(r1))
+        assert not d3.called, "one request still in flight through proxy 1"
+        mw.process_response(r2, response(r2))
+        r3 = yield d3
+        assert r3.meta["proxy_label"] == "http://127.0.0.1:2"
+        assert r3.meta["download_slot"] == "proxy-2"
+        assert crawler.stats.get_value("proxy/requests_waited") == 1
+        assert crawler.stats.get_value("proxy/leases_released/rotated") == 1
+        mw.process_response(r3, response(r3))
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+    with Hub.open(url) as hub:
+        rows = hub.usage()
+        assert [(r.proxy_id, r.requests, r.end_reason) for r in rows] == [
+            (1, 2, "rotated"),
+            (2, 1, "released"),
+        ]
+        assert all(p.state != "leased" for p in hub.proxies())
+    assert not any("pw-secret" in str(v) for v in crawler.stats.get_stats().values())
+    assert not any("pw-secret" in k for k in crawler.stats.get_stats())
+
+
+@pytest_twisted.inlineCallbacks
+def test_ban_ends_lease_and_retries_through_another_proxy(tmp_path):
+    mw, crawler, url = make_middleware(tmp_path, PROXY_ROTATE_EVERY=10, PROXY_MAX_BAN_RETRIES=1)
+    try:
+        r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        retry = mw.process_response(r1, response(r1, status=429))
+        assert isinstance(retry, Request) and retry.meta["proxy_ban_retries"] == 1
+        assert b"Proxy-Authorization" not in retry.headers
+        yield deferred_from_coro(mw.process_request(retry))
+        assert retry.meta["proxy_label"] == "http://127.0.0.1:2"
+        # A second ban exhausts PROXY_MAX_BAN_RETRIES=1: the exception goes on.
+        assert mw.process_exception(retry, txerror.ConnectionRefusedError()) is None
+        assert crawler.stats.get_value("proxy/bans") == 2
+        assert crawler.stats.get_value("proxy/ban_retries_exhausted") == 1
+        assert crawler.stats.get_value("proxy/bans/status/429") == 1
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+    with Hub.open(url) as hub:
+        assert [r.end_reason for r in hub.usage()] == ["banned", "banned"]
+        assert [p.state for p in hub.proxies()] == ["banned", "banned"]
+
+
+@pytest_twisted.inlineCallbacks
+def test_spider_decides_what_is_a_ban(tmp_path):
+    mw, crawler, _ = make_middleware(tmp_path, BanSpider, PROXY_ROTATE_EVERY=10)
+    try:
+        r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        assert mw.process_response(r1, response(r1, status=403)).status == 403
+        r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
+        ok_but_blocked = response(r2, body=b"<p>you are blocked</p>")
+        assert isinstance(mw.process_response(r2, ok_but_blocked), Request)
+        assert crawler.stats.get_value("proxy/bans") == 1
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_free_proxy_waits_and_is_counted(tmp_path, caplog):
+    mw, crawler, url = make_middleware(tmp_path)
+    other = Hub.open(url)
+    from crawler.hub import Holder
+
+    held = [other.acquire(Holder("elsewhere", 1), 60) for _ in range(2)]
+    try:
+        d = deferred_from_coro(_send(mw, "http://example.com/1"))
+        for _ in range(600):  # until the hub said "none free" (bounded, not timed)
+            if crawler.stats.get_value("proxy/requests_waited"):
+                break
+            yield deferLater(reactor, 0.05)
+        assert not d.called
+        other.release(held[0], "released")
+        request = yield d  # picked up by the next poll of the hub
+        assert request.meta["proxy_label"] == held[0].label
+        assert crawler.stats.get_value("proxy/requests_waited") == 1
+        assert crawler.stats.get_value("proxy/wait_seconds") > 0
+        assert "No proxy free in the hub" in caplog.text
+        mw.process_response(request, response(request))
+    finally:
+        other.release(held[1], "released")
+        other.close()
+        yield deferred_from_coro(mw.spider_closed())
+
+
+# --- a crawl through real proxies ---------------------------------------------------------------
+OWN_SPIDER = """
+import json, sys
+from scrapy import Spider, Request
+from scrapy.crawler import CrawlerProcess
+
+class PagesSpider(Spider):
+    name = "pages"
+    def __init__(self, urls, out, **kw):
+        super().__init__(**kw)
+        self.urls, self.out = urls, open(out, "w")
+    async def start(self):
+        for url in open(self.urls).read().split():
+            yield Request(url)
+    def parse(self, response):
+        self.out.write(json.dumps({"url": response.url, "status": response.status,
+                                   "proxy": response.meta.get("proxy_label")}) + "\\n")
+        self.out.flush()
+
+settings = json.loads(sys.argv[1])
+process = CrawlerProcess(settings)
+process.crawl(PagesSpider, urls=sys.argv[2], out=sys.argv[3])
+process.start()
+"""
+
+ROTATE_EVERY = 3
+PAGES = 15
+
+
+def crawl_settings(hub_url: str, log_file: Path) -> dict[str, object]:
+    return {
+        "HUB_URL": hub_url,
+        "PROXY_ROTATE_EVERY": ROTATE_EVERY,
+        "PROXY_LEASES_PER_PROCESS": 1,
+        "PROXY_REST_SECONDS": 0,
+        "PROXY_BAN_REST_SECONDS": 3600,
+        "PROXY_MAX_BAN_RETRIES": 2,
+        "CONCURRENT_REQUESTS": 1,
+        "ROBOTSTXT_OBEY": False,
+        "AUTOTHROTTLE_ENABLED": False,
+        "DOWNLOAD_TIMEOUT": 60,
+        "RETRY_ENABLED": False,
+        "LOG_LEVEL": "DEBUG",
+        "LOG_FILE": str(log_file),
+    }
+
+
+def run_site_crawl(tmp_path: Path, urls: Path, settings: dict[str, object]):
+    data_dir = tmp_path / "data"
+    args = [sys.executable, "-m", "scrapy", "crawl", "site", "-a", f"urls={urls}"]
+    args += ["-s", f"DATA_DIR={data_dir}"]
+    for key, value in settings.items():
+        args += ["-s", f"{key}={value}"]
+    done = subprocess.run(
+        args, cwd=ROOT, env=crawl_env(), capture_output=True, text=True, timeout=600
+    )
+    lines = [json.loads(line) for line in (data_dir / "fetch_log.jsonl").read_text().splitlines()]
+    pages = [
+        {"url": line["url"], "status": line["status"], "proxy": line.get("proxy")}
+        for line in lines
+        if line["outcome"] == "ok"
+    ]
+    return done, pages, [data_dir]
+
+
+def run_own_crawl(tmp_path: Path, urls: Path, settings: dict[str, object]):
+    out = tmp_path / "pages.jsonl"
+    settings = {
+        **settings,
+        "DOWNLOADER_MIDDLEWARES": {"middlewares.proxy_lease.ProxyLeaseMiddleware": 740},
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", OWN_SPIDER, json.dumps(settings), str(urls), str(out)],
+        cwd=ROOT,
+        env=crawl_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    pages = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return done, pages, [out]
+
+
+def crawl_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("SCRAPY_SETTINGS_MODULE", "HUB_URL")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+def file_texts(paths: list[Path]):
+    """(path, text) of every file under the paths, gzip members decompressed."""
+    for top in paths:
+        for path in [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file()):
+            raw = path.read_bytes()
+            if raw[:2] == b"\x1f\x8b":
+                raw = gzip.decompress(raw)
+            yield path, raw.decode("utf-8", errors="replace")
+
+
+def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    deny = proxy_pool["proxy-deny"]
+    with Hub.open(hub_url) as hub:
+        # The 403 proxy first, so the crawl's first lease is the one that gets banned.
+        hub.add_proxies([deny.url])
+        hub.add_proxies([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
+    origin.reset()
+    proxy_pool.mark()
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(f"{origin.base}/page/{n}\n" for n in range(PAGES)))
+    log_file = tmp_path / "crawl.log"
+    settings = crawl_settings(hub_url, log_file)
+    use_site = (ROOT / "spiders" / "site.py").exists()
+    run = run_site_crawl if use_site else run_own_crawl
+    done, pages, data = run(tmp_path, urls, settings)
+    log = log_file.read_text() if log_file.exists() else ""
+    assert done.returncode == 0, done.stderr[-3000:] + log[-3000:]
+
+    # Every page arrived, through a proxy that works, even the one first sent to the 403 one.
+    assert sorted(p["url"] for p in pages) == sorted(urls.read_text().split())
+    assert {p["status"] for p in pages} == {200}
+    good = {redact(proxy_pool["proxy-open"].url), redact(proxy_pool["proxy-auth"].url)}
+    assert {p["proxy"] for p in pages} <= good
+
+    # Every request reached the origin through a leased proxy (tinyproxy adds Via).
+    hits = [h for h in origin.snapshot() if h.path.startswith("/page/")]
+    assert len(hits) == PAGES
+    vias = [h.via.split()[1] if h.via else "direct" for h in hits]
+    assert set(vias) <= {"proxy-open", "proxy-auth"}, vias
+    assert not any(h.proxy_authorization for h in hits)
+
+    # The 403 proxy was asked once, banned, and rests; it forwarded nothing.
+    assert len(deny.connections_since_mark()) == 1
+    assert "Unauthorized connection" in deny.log_text()
+    with Hub.open(hub_url) as hub:
+        usage = hub.usage()
+        proxies = {p.id: p for p in hub.proxies()}
+        assert proxies[1].state == "banned" and proxies[1].resting_until > hub.now()
+    assert [(u.proxy_id, u.end_reason) for u in usage if u.proxy_id == 1] == [(1, "banned")]
+
+    # Rotation every ROTATE_EVERY uses, as the proxies' own logs show.
+    for proxy_id, name in ((2, "proxy-open"), (3, "proxy-auth")):
+        rows = [u for u in usage if u.proxy_id == proxy_id]
+        logged = proxy_pool[name].requests_since_mark()
+        assert sum(u.requests for u in rows) == len(logged) > 0
+        assert all(u.requests == ROTATE_EVERY for u in rows if u.end_reason == "rotated")
+        assert all(u.end_reason in ("rotated", "released") for u in rows)
+    runs = [len(list(group)) for _, group in groupby(vias)]
+    assert max(runs) <= ROTATE_EVERY and len(runs) >= PAGES // ROTATE_EVERY, runs
+    assert all(u.ended is not None for u in usage), "every lease released at the end"
+
+    # Credentials appear nowhere: log, output, data files.
+    for path, text in [(log_file, log), (Path("stdout"), done.stdout + done.stderr)] + list(
+        file_texts(data)
+    ):
+        for secret in SECRETS:
+            assert secret not in text, f"credentials in {path}"
+    assert "proxy/leases_acquired" in log and "proxy/bans" in log
+
+
+def redact(url: str) -> str:
+    from crawler.hub import redact_url
+
+    return redact_url(url)
+
+
+@pytest_twisted.inlineCallbacks
+def test_heartbeat_renews_leases_and_reports_usage(tmp_path):
+    mw, crawler, url = make_middleware(
+        tmp_path, PROXY_LEASE_TTL=30, PROXY_HEARTBEAT_SECONDS=0.1, PROXY_ROTATE_EVERY=10
+    )
+    try:
+        request = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        mw.process_response(request, response(request, body=b"x" * 100))
+        with Hub.open(url) as hub:
+            first = hub.proxies()[0].lease_expires
+        for _ in range(600):  # bounded: until two heartbeats went through
+            if (crawler.stats.get_value("proxy/heartbeats") or 0) >= 2:
+                break
+            yield deferLater(reactor, 0.05)
+        with Hub.open(url) as hub:
+            proxy, usage = hub.proxies()[0], hub.usage()[0]
+        assert proxy.state == "leased" and proxy.lease_expires > first
+        assert (usage.requests, usage.bytes, usage.ended) == (1, 100, None)
+        assert crawler.stats.get_value("proxy/leases_lost") is None
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
