@@ -1,0 +1,109 @@
+"""Re-parse throughput and random-access reads over a generated corpus.
+
+    python -m benchmarks.bench_reparse [--pages 5000] [--data bench-data/reparse]
+
+The corpus (``--pages`` product pages of ~50 KB, the ``products`` example spider's
+page type with a 20-selector parsel parser) is written once straight through the
+storage core and reused while its catalog has that many rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import time
+from pathlib import Path
+
+from crawler.archive import Fetch, read_any, read_record, resolve
+from crawler.catalog import Catalog
+from crawler.reparse import Reparse, ReparseConfig, decode
+from crawler.store import Store, StoreConfig
+from demo.site import DemoSite
+
+PAGES = 5000
+PAGE_BYTES = 50_000
+DATA = Path("bench-data/reparse")
+
+
+def build_corpus(data_dir: Path, pages: int) -> None:
+    db = data_dir / "metadata.db"
+    if db.exists():
+        with Catalog(db, readonly=True) as catalog:
+            if catalog.count() == pages:
+                return
+    for path in [db, *data_dir.glob("metadata.db-*"), *data_dir.glob("archive/*")]:
+        path.unlink(missing_ok=True)
+    site = DemoSite(pages=pages, page_bytes=PAGE_BYTES)
+    store = Store(StoreConfig(data_dir=data_dir, rollover_bytes=64_000_000, batch_size=1000))
+    for n in range(pages):
+        url = f"http://shop.test/product/{n}.html"
+        store.put(
+            Fetch(
+                key=f"{n:064x}",
+                url=url,
+                final_url=url,
+                method="GET",
+                request_headers=[],
+                request_body=b"",
+                status=200,
+                response_headers=[("Content-Type", "text/html; charset=utf-8")],
+                body=site.product_html(n),
+            )
+        )
+    store.close()
+
+
+def reparse_rate(data_dir: Path, workers: int) -> tuple[float, int]:
+    config = ReparseConfig(spider="products", data_dir=data_dir, workers=workers)
+    summary = Reparse(config).run()
+    if summary.exit_code or summary.items != summary.records:
+        raise RuntimeError(f"re-parse failed: {summary.lines()}")
+    return summary.records / summary.seconds, summary.records
+
+
+def random_reads(data_dir: Path, samples: int = 2000) -> tuple[float, float]:
+    """Single-record reads/s in random order: FastWARC path, and warcio's read_record."""
+    with Catalog(data_dir / "metadata.db", readonly=True) as catalog:
+        rows = list(catalog.rows())
+    rng = random.Random(1)
+    picks = [rng.choice(rows) for _ in range(samples)]
+    paths = {r.archive: str(resolve(data_dir, r.archive)) for r in rows}
+    started = time.perf_counter()
+    for row in picks:
+        with open(paths[row.archive], "rb") as f:
+            f.seek(row.offset)
+            decode(f.read(row.length), paths[row.archive], row.offset)
+    fast = samples / (time.perf_counter() - started)
+    started = time.perf_counter()
+    for row in picks:
+        read_record(paths[row.archive], row.offset, row.length)
+    warcio = samples / (time.perf_counter() - started)
+    read_any(paths[picks[0].archive], picks[0].offset, picks[0].length)
+    return fast, warcio
+
+
+def run(pages: int = PAGES, data_dir: Path = DATA) -> list[str]:
+    build_corpus(data_dir, pages)
+    cores = os.cpu_count() or 1
+    one, n = reparse_rate(data_dir, 1)
+    many, _ = reparse_rate(data_dir, cores)
+    fast, warcio = random_reads(data_dir)
+    return [
+        f"reparse products, {n:,} pages of {PAGE_BYTES // 1000} KB, 1 worker: {one:,.0f} pages/s",
+        f"reparse products, {cores} workers: {many:,.0f} pages/s ({many / one:.2f}x)",
+        f"random-access single-record reads: {fast:,.0f}/s (FastWARC), {warcio:,.0f}/s (warcio)",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pages", type=int, default=PAGES)
+    parser.add_argument("--data", type=Path, default=DATA)
+    args = parser.parse_args()
+    for line in run(args.pages, args.data):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

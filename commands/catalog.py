@@ -1,0 +1,133 @@
+"""``scrapy catalog stats|verify|rebuild|merge|export|index|wacz``.
+
+    scrapy catalog stats
+    scrapy catalog verify [--fix] [--yes]
+    scrapy catalog rebuild [-o OUT.db]
+    scrapy catalog merge A.db B.db ... -o OUT.db
+    scrapy catalog export --format parquet|csv [-o FILE]
+    scrapy catalog index [-o OUT.cdxj]
+    scrapy catalog wacz OUT.wacz
+
+Exit status: 0 on success, 1 when verify found problems (or rebuild skipped unreadable
+records), 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from crawler import catalog_tools as tools
+from crawler.catalog import CatalogError
+from crawler.store import DataDirLock, StoreError
+
+ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz")
+
+
+def _print(lines) -> None:
+    for line in lines:
+        print(line)
+
+
+class Command(ScrapyCommand):
+    requires_project = True
+    default_settings = {"LOG_LEVEL": "WARNING"}
+
+    def syntax(self) -> str:
+        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz"
+
+    def short_desc(self) -> str:
+        return "Inspect, check, rebuild, merge and export the catalog; CDXJ index and WACZ"
+
+    def long_desc(self) -> str:
+        return (
+            "stats: rows by status, content type and host; bytes and compression. "
+            "verify: every row's record is readable and matches its digest, and nothing "
+            "stored is missing from the catalog (--fix drops bad rows so their URLs are "
+            "fetched again, and indexes missing records). rebuild: a new catalog from the "
+            "archives alone (default DATA_DIR/metadata.rebuilt.db). merge: one catalog from "
+            "several, the newest fetch winning. export: the catalog as Parquet or CSV. "
+            "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ."
+        )
+
+    def add_options(self, parser) -> None:
+        super().add_options(parser)
+        parser.add_argument("-o", "--output", metavar="FILE", help="where to write the result")
+        parser.add_argument("--fix", action="store_true", help="verify: repair what it finds")
+        parser.add_argument("--yes", action="store_true", help="verify --fix: do not ask")
+        parser.add_argument(
+            "--format", choices=tools.EXPORT_FORMATS, default="parquet", help="export format"
+        )
+        parser.add_argument("--title", help="wacz: the collection's title")
+
+    def run(self, args, opts) -> None:
+        if not args or args[0] not in ACTIONS:
+            raise UsageError(f"give an action: {', '.join(ACTIONS)}")
+        self.data_dir = Path(self.settings.get("DATA_DIR") or "data")
+        action, rest = args[0], args[1:]
+        try:
+            self.exitcode = getattr(self, f"do_{action}")(rest, opts) or 0
+        except (tools.ToolError, CatalogError, StoreError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1
+
+    def do_stats(self, rest, opts) -> int:
+        _print(tools.catalog_stats(self.data_dir).lines())
+        return 0
+
+    def do_verify(self, rest, opts) -> int:
+        verify = tools.Verify(self.data_dir)
+        report = verify.run()
+        if opts.fix and not report.ok:
+            question = (
+                f"Drop {len(report.bad_rows)} rows (their URLs will be fetched again) and "
+                f"index {len(report.orphans)} records?"
+            )
+            if opts.yes or tools.confirm_prompt(question):
+                lock = DataDirLock(self.data_dir / ".lock")
+                lock.acquire()
+                try:
+                    verify.fix(report)
+                finally:
+                    lock.release()
+            else:
+                print("not fixed (answer y, or pass --yes)", file=sys.stderr)
+        _print(report.lines())
+        return 0 if report.ok or report.dropped or report.reindexed else 1
+
+    def do_rebuild(self, rest, opts) -> int:
+        result = tools.Rebuild(self.data_dir, opts.output).run()
+        for problem in result.problems:
+            print(problem, file=sys.stderr)
+        print(f"rebuilt {result.path}: {result.rows:,} rows from {result.records:,} records")
+        return 1 if result.problems else 0
+
+    def do_merge(self, rest, opts) -> int:
+        if len(rest) < 2 or not opts.output:
+            raise UsageError("give two or more catalogs and -o OUT.db")
+        n = tools.merge_catalogs([Path(p) for p in rest], Path(opts.output))
+        print(f"merged {len(rest)} catalogs into {opts.output}: {n:,} rows")
+        return 0
+
+    def do_export(self, rest, opts) -> int:
+        output = Path(opts.output or self.data_dir / "derived" / f"catalog.{opts.format}")
+        n = tools.export_catalog(self.data_dir, opts.format, output)
+        print(f"exported {n:,} rows to {output}")
+        return 0
+
+    def do_index(self, rest, opts) -> int:
+        output = Path(opts.output or self.data_dir / "derived" / "index.cdxj")
+        n = tools.write_index(self.data_dir, output)
+        print(f"wrote {n:,} CDXJ lines to {output}")
+        return 0
+
+    def do_wacz(self, rest, opts) -> int:
+        target = rest[0] if rest else opts.output
+        if not target:
+            raise UsageError("give the WACZ file to write: scrapy catalog wacz OUT.wacz")
+        path = tools.WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
+        print(f"wrote {path}")
+        return 0

@@ -1,0 +1,106 @@
+"""Write items to a file whose format follows its extension, complete or absent.
+
+jsonl/jl, json, csv and xml go through Scrapy's feed exporters; parquet through
+pyarrow, in row groups of ``PARQUET_BATCH`` items. The file is written under a
+temporary name beside the target and renamed when :meth:`ItemFileWriter.close`
+succeeds; :meth:`ItemFileWriter.abort` removes it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from itemadapter import ItemAdapter
+from scrapy.exporters import (
+    CsvItemExporter,
+    JsonItemExporter,
+    JsonLinesItemExporter,
+    XmlItemExporter,
+)
+
+EXPORTERS = {
+    ".jsonl": JsonLinesItemExporter,
+    ".jl": JsonLinesItemExporter,
+    ".json": JsonItemExporter,
+    ".csv": CsvItemExporter,
+    ".xml": XmlItemExporter,
+}
+FORMATS = sorted([*EXPORTERS, ".parquet"])
+PARQUET_BATCH = 10_000
+
+
+class FeedFormatError(ValueError):
+    """The output file's extension names no known format."""
+
+
+def check_output(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise FeedFormatError(
+            f"{path}: unknown output format {path.suffix or '(no extension)'!r}; "
+            f"name the file with one of {', '.join(FORMATS)}"
+        )
+    return path
+
+
+class ItemFileWriter:
+    def __init__(self, path: str | os.PathLike, encoding: str = "utf-8"):
+        self.path = check_output(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+        self.suffix = self.path.suffix.lower()
+        self.count = 0
+        self._file = open(self.tmp, "wb")
+        self._exporter = None
+        self._batch: list[dict] = []
+        self._parquet = None
+        if self.suffix != ".parquet":
+            self._exporter = EXPORTERS[self.suffix](self._file, encoding=encoding)
+            self._exporter.start_exporting()
+
+    def write(self, item) -> None:
+        self.count += 1
+        if self._exporter is not None:
+            self._exporter.export_item(item)
+            return
+        self._batch.append(ItemAdapter(item).asdict())
+        if len(self._batch) >= PARQUET_BATCH:
+            self._write_parquet()
+
+    def _write_parquet(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._batch:
+            return
+        if self._parquet is None:
+            table = pa.Table.from_pylist(self._batch)
+            self._parquet = pq.ParquetWriter(self._file, table.schema)
+        else:
+            table = pa.Table.from_pylist(self._batch, schema=self._parquet.schema.to_arrow_schema())
+        self._parquet.write_table(table)
+        self._batch.clear()
+
+    def close(self) -> Path:
+        """Finish the file and give it its name."""
+        if self._exporter is not None:
+            self._exporter.finish_exporting()
+        else:
+            self._write_parquet()
+            if self._parquet is not None:
+                self._parquet.close()
+            else:
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                pq.write_table(pa.table({}), self._file)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self.tmp, self.path)
+        return self.path
+
+    def abort(self) -> None:
+        self._file.close()
+        self.tmp.unlink(missing_ok=True)

@@ -1,0 +1,511 @@
+"""Zip archives of bodies (``ARCHIVE_FORMAT=zip``): ``<key[:2]>/<key>.<ext>`` entries.
+
+Each body is one deflated entry; what a WARC record's headers would say (URL, status,
+HTTP headers, fetch time, key) travels as JSON in the entry's local extra field
+(id ``0x7863``), so the local headers alone can rebuild the catalog and the central
+directory. A 304 revalidation becomes an empty ``<key[:2]>/<key>.revisit`` entry.
+
+:class:`ZipArchiveWriter` has the interface of :class:`crawler.archive.ArchiveWriter`.
+A file being written ends in ``.zip.open``; ``zipfile`` cannot open it until
+:func:`repair_open_zip` (run on start by :func:`crawler.store.recover`) has cut a
+partial entry and written the central directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import mimetypes
+import os
+import shutil
+import struct
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from crawler.archive import (
+    KEY_HEADER,
+    METHOD_HEADER,
+    OPEN_SUFFIX,
+    REQUESTED_URI_HEADER,
+    ArchiveError,
+    Fetch,
+    Indexed,
+    Repair,
+    StoredRecord,
+    TruncatedRecordError,
+    _fsync_dir,
+    header,
+    payload_headers,
+    warc_date,
+)
+from crawler.catalog import Row
+
+ZIP_GLOB = "*.zip"
+META_EXTRA_ID = 0x7863
+# Without ZIP64 a zip holds at most 65,535 entries and 4 GiB: roll over before either.
+MAX_ENTRIES = 65_000
+MAX_BYTES = 4_000_000_000
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")
+_CENTRAL = struct.Struct("<4sHHHHHHIIIHHHHHII")
+_EOCD = struct.Struct("<4sHHHHIIH")
+_LOCAL_SIG = b"PK\x03\x04"
+_CENTRAL_SIG = b"PK\x01\x02"
+_EOCD_SIG = b"PK\x05\x06"
+_UTF8_FLAG = 0x800
+_EXTENSIONS = {"text/html": ".html", "text/plain": ".txt", "application/json": ".json"}
+
+
+class ZipArchiveError(ArchiveError):
+    """A zip entry cannot be read back."""
+
+
+@dataclass
+class Entry:
+    name: bytes
+    extra: bytes
+    method: int
+    crc: int
+    csize: int
+    usize: int
+    offset: int
+    dostime: int
+    dosdate: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + _LOCAL.size + len(self.name) + len(self.extra) + self.csize
+
+
+def extension(content_type: str | None) -> str:
+    """The file extension of a content type (``.html`` for HTML, ``.bin`` if unknown)."""
+    mime = (content_type or "").split(";")[0].strip().lower()
+    if not mime:
+        return ".bin"
+    return _EXTENSIONS.get(mime) or mimetypes.guess_extension(mime) or ".bin"
+
+
+def payload_digest(body: bytes) -> str:
+    """The digest WARC records carry: ``sha1:`` and base32."""
+    return "sha1:" + base64.b32encode(hashlib.sha1(body).digest()).decode("ascii")
+
+
+def _dos_time(ts: float) -> tuple[int, int]:
+    t = time.gmtime(ts)
+    dostime = (t.tm_hour << 11) | (t.tm_min << 5) | (t.tm_sec // 2)
+    dosdate = ((max(t.tm_year, 1980) - 1980) << 9) | (t.tm_mon << 5) | t.tm_mday
+    return dostime, dosdate
+
+
+def _meta_extra(meta: dict) -> bytes:
+    data = json.dumps(meta, separators=(",", ":")).encode("utf-8")
+    if len(data) > 65_000:  # an extra field holds 64 KiB: keep what identifies the body
+        meta = {**meta, "headers": [h for h in meta["headers"] if h[0].lower() == "content-type"]}
+        data = json.dumps(meta, separators=(",", ":")).encode("utf-8")
+    return struct.pack("<HH", META_EXTRA_ID, len(data)) + data
+
+
+def _meta_of(extra: bytes) -> dict | None:
+    pos = 0
+    while pos + 4 <= len(extra):
+        kind, size = struct.unpack_from("<HH", extra, pos)
+        if kind == META_EXTRA_ID:
+            return json.loads(extra[pos + 4 : pos + 4 + size])
+        pos += 4 + size
+    return None
+
+
+def _local_header(entry: Entry) -> bytes:
+    return (
+        _LOCAL.pack(
+            _LOCAL_SIG,
+            20,
+            _UTF8_FLAG,
+            entry.method,
+            entry.dostime,
+            entry.dosdate,
+            entry.crc,
+            entry.csize,
+            entry.usize,
+            len(entry.name),
+            len(entry.extra),
+        )
+        + entry.name
+        + entry.extra
+    )
+
+
+def central_directory(entries: list[Entry], start: int) -> bytes:
+    """Central directory and end record for ``entries``, to be written at ``start``."""
+    parts = []
+    for e in entries:
+        parts.append(
+            _CENTRAL.pack(
+                _CENTRAL_SIG,
+                20,
+                20,
+                _UTF8_FLAG,
+                e.method,
+                e.dostime,
+                e.dosdate,
+                e.crc,
+                e.csize,
+                e.usize,
+                len(e.name),
+                len(e.extra),
+                0,
+                0,
+                0,
+                0o644 << 16,
+                e.offset,
+            )
+            + e.name
+            + e.extra
+        )
+    cd = b"".join(parts)
+    n = len(entries)
+    return cd + _EOCD.pack(_EOCD_SIG, 0, 0, n, n, len(cd), start, 0)
+
+
+class ZipArchiveWriter:
+    """Appends bodies to ``<dir>/<prefix>-<time>-<pid>-<seq>.zip.open`` files."""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        data_dir: str | os.PathLike,
+        prefix: str = "crawl",
+        rollover_bytes: int = 1_000_000_000,
+        gzip_level: int = 6,
+        software: str = "research-crawler",
+    ):
+        self.directory = Path(directory)
+        self.data_dir = Path(data_dir)
+        self.prefix = prefix
+        self.rollover_bytes = min(rollover_bytes, MAX_BYTES)
+        self.level = gzip_level
+        self.software = software
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._file = None
+        self._seq = 0
+        self._entries: list[Entry] = []
+        self.name = ""
+        self.size = 0
+        self.closed_files: list[Path] = []
+        self.records_written = 0
+
+    @property
+    def path(self) -> Path:
+        return self.directory / self.name
+
+    @property
+    def relpath(self) -> str:
+        return os.path.relpath(self.path, self.data_dir)
+
+    def _open(self) -> None:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+        self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}.zip"
+        self._file = open(self.path.with_name(self.name + OPEN_SUFFIX), "xb")
+        self._entries = []
+        self.size = 0
+
+    def _append(self, name: str, body: bytes, meta: dict, ts: float) -> Entry:
+        if self._file is None:
+            self._open()
+        if body and self.level > 0:
+            comp = zlib.compressobj(self.level, zlib.DEFLATED, -15)
+            data, method = comp.compress(body) + comp.flush(), 8
+        else:
+            data, method = body, 0
+        dostime, dosdate = _dos_time(ts)
+        entry = Entry(
+            name=name.encode("utf-8"),
+            extra=_meta_extra(meta),
+            method=method,
+            crc=zlib.crc32(body),
+            csize=len(data),
+            usize=len(body),
+            offset=self.size,
+            dostime=dostime,
+            dosdate=dosdate,
+        )
+        record = _local_header(entry) + data
+        self._file.write(record)
+        self.size += len(record)
+        self._entries.append(entry)
+        return entry
+
+    def write_fetch(self, fetch: Fetch) -> Row:
+        content_type = header(fetch.response_headers, "Content-Type")
+        date = warc_date(fetch.fetched_at)
+        digest = payload_digest(fetch.body)
+        meta = {
+            "type": "response",
+            "key": fetch.key,
+            "url": fetch.url,
+            "final_url": fetch.final_url,
+            "method": fetch.method,
+            "status": fetch.status,
+            "headers": payload_headers(fetch.response_headers, len(fetch.body)),
+            "fetched_at": date,
+            "digest": digest,
+        }
+        name = f"{fetch.key[:2]}/{fetch.key}{extension(content_type)}"
+        entry = self._append(name, fetch.body, meta, fetch.fetched_at)
+        self.records_written += 1
+        return Row(
+            key=fetch.key,
+            url=fetch.url,
+            final_url=fetch.final_url,
+            status=fetch.status,
+            content_type=content_type,
+            bytes=len(fetch.body),
+            etag=header(fetch.response_headers, "ETag"),
+            last_modified=header(fetch.response_headers, "Last-Modified"),
+            fetched_at=date,
+            archive=self.relpath,
+            offset=entry.offset,
+            length=entry.end - entry.offset,
+            payload_digest=digest,
+            method=fetch.method,
+        )
+
+    def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
+        meta = {
+            "type": "revisit",
+            "key": fetch.key,
+            "url": fetch.url,
+            "final_url": fetch.final_url,
+            "method": fetch.method,
+            "status": fetch.status,
+            "headers": payload_headers(fetch.response_headers, 0),
+            "fetched_at": warc_date(fetch.fetched_at),
+            "refers_to_date": refers_to_date,
+        }
+        self._append(f"{fetch.key[:2]}/{fetch.key}.revisit", b"", meta, fetch.fetched_at)
+        self.records_written += 1
+
+    def flush(self, fsync: bool = True) -> None:
+        if self._file is not None:
+            self._file.flush()
+            if fsync:
+                os.fsync(self._file.fileno())
+
+    def needs_rollover(self) -> bool:
+        return self._file is not None and (
+            self.size >= self.rollover_bytes or len(self._entries) >= MAX_ENTRIES
+        )
+
+    def close(self) -> Path | None:
+        """Write the central directory, fsync and rename to the closed name."""
+        if self._file is None:
+            return None
+        self._file.write(central_directory(self._entries, self.size))
+        self.flush(fsync=True)
+        self._file.close()
+        self._file = None
+        os.rename(self.path.with_name(self.name + OPEN_SUFFIX), self.path)
+        _fsync_dir(self.directory)
+        self.closed_files.append(self.path)
+        return self.path
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def _parse_local(buf: bytes, pos: int, where: str) -> Entry:
+    if buf[pos : pos + 4] != _LOCAL_SIG:
+        raise ZipArchiveError(f"{where}: no zip entry starts here")
+    if len(buf) < pos + _LOCAL.size:
+        raise TruncatedRecordError(f"{where}: file ends inside an entry header")
+    _, _, flags, method, dostime, dosdate, crc, csize, usize, nlen, xlen = _LOCAL.unpack_from(
+        buf, pos
+    )
+    start = pos + _LOCAL.size
+    entry = Entry(
+        name=bytes(buf[start : start + nlen]),
+        extra=bytes(buf[start + nlen : start + nlen + xlen]),
+        method=method,
+        crc=crc,
+        csize=csize,
+        usize=usize,
+        offset=pos,
+        dostime=dostime,
+        dosdate=dosdate,
+    )
+    if flags & 0x08 or method not in (0, 8):
+        raise ZipArchiveError(f"{where}: entry written by another tool (flags {flags})")
+    return entry
+
+
+def _body(buf: bytes, entry: Entry, base: int, where: str) -> bytes:
+    start = entry.end - entry.csize - base
+    data = buf[start : start + entry.csize]
+    if len(data) < entry.csize:
+        raise TruncatedRecordError(f"{where}: file ends inside the entry")
+    try:
+        body = zlib.decompress(data, -15) if entry.method == 8 else bytes(data)
+    except zlib.error as exc:
+        raise ZipArchiveError(f"{where}: corrupt deflate data ({exc})") from exc
+    if len(body) != entry.usize or zlib.crc32(body) != entry.crc:
+        raise ZipArchiveError(f"{where}: CRC or size mismatch")
+    return body
+
+
+def decode_entry(data: bytes, path, offset: int) -> StoredRecord:
+    """A stored response from the bytes of one entry (local header + data)."""
+    where = f"{path}: offset {offset}"
+    entry = _parse_local(data, 0, where)
+    entry.offset = offset
+    body = _body(data, entry, offset, where)
+    meta = _meta_of(entry.extra)
+    if meta is None:
+        raise ZipArchiveError(f"{where}: entry has no crawl metadata")
+    return _stored(meta, body)
+
+
+def _stored(meta: dict, body: bytes) -> StoredRecord:
+    warc_headers = [
+        ("WARC-Type", meta["type"]),
+        ("WARC-Target-URI", meta["final_url"]),
+        ("WARC-Date", meta["fetched_at"]),
+        (KEY_HEADER, meta["key"]),
+        (REQUESTED_URI_HEADER, meta["url"]),
+        (METHOD_HEADER, meta["method"]),
+    ]
+    if meta.get("digest"):
+        warc_headers.append(("WARC-Payload-Digest", meta["digest"]))
+    return StoredRecord(
+        url=meta["final_url"],
+        status=int(meta["status"]),
+        headers=[tuple(h) for h in meta["headers"]],
+        body=body,
+        warc_headers=warc_headers,
+    )
+
+
+def read_zip_record(path: str | os.PathLike, offset: int, length: int) -> StoredRecord:
+    """Read the body entry at ``offset`` of a zip archive."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    if len(data) < length:
+        raise TruncatedRecordError(f"{path}: offset {offset}: file ends inside the entry")
+    return decode_entry(data, path, offset)
+
+
+def iter_entries(path: Path):
+    """Yield ``(entry, meta, body)`` for each complete entry from the start of the file.
+
+    Reads one entry at a time. Stops at the central directory; raises an
+    :class:`ArchiveError` naming the offset at the first entry that is cut short or
+    does not check out.
+    """
+    with open(path, "rb") as f:
+        pos = 0
+        while True:
+            head = f.read(_LOCAL.size)
+            if not head or head[:4] in (_CENTRAL_SIG, _EOCD_SIG):
+                return
+            where = f"{path}: offset {pos}"
+            if head[:4] != _LOCAL_SIG:
+                raise ZipArchiveError(f"{where}: no zip entry starts here")
+            if len(head) < _LOCAL.size:
+                raise TruncatedRecordError(f"{where}: file ends inside an entry header")
+            fields = _LOCAL.unpack(head)
+            size = fields[7] + fields[9] + fields[10]  # compressed data, name, extra
+            rest = f.read(size)
+            if len(rest) < size:
+                raise TruncatedRecordError(f"{where}: file ends inside the entry")
+            data = head + rest
+            entry = _parse_local(data, 0, where)
+            entry.offset = pos
+            body = _body(data, entry, pos, where)
+            yield entry, _meta_of(entry.extra), body
+            pos = entry.end
+
+
+def index_meta(meta: dict | None, body: bytes, entry: Entry, relpath: str, out: Indexed) -> None:
+    if not meta:
+        return
+    headers = meta["headers"]
+    if meta["type"] == "response":
+        out.rows.append(
+            Row(
+                key=meta["key"],
+                url=meta["url"],
+                final_url=meta["final_url"],
+                status=int(meta["status"]),
+                content_type=header(headers, "Content-Type"),
+                bytes=len(body),
+                etag=header(headers, "ETag"),
+                last_modified=header(headers, "Last-Modified"),
+                fetched_at=meta["fetched_at"],
+                archive=relpath,
+                offset=entry.offset,
+                length=entry.end - entry.offset,
+                payload_digest=meta.get("digest"),
+                method=meta.get("method") or "GET",
+            )
+        )
+    elif meta["type"] == "revisit":
+        out.touches.append(
+            (
+                meta["key"],
+                header(headers, "ETag"),
+                header(headers, "Last-Modified"),
+                meta["fetched_at"],
+            )
+        )
+
+
+def index_zip_file(path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
+    """Index every entry of one zip archive from its local headers."""
+    relpath = relpath or os.path.relpath(path, data_dir)
+    out = Indexed()
+    for entry, meta, body in iter_entries(path):
+        index_meta(meta, body, entry, relpath, out)
+    return out
+
+
+def repair_open_zip(open_path: Path, data_dir: Path) -> Repair:
+    """Close a zip left open by a killed run: cut a partial entry, write the directory.
+
+    The cut bytes are kept beside the file as ``<name>.cut-<time>``; the complete
+    entries are returned as catalog rows to index.
+    """
+    closed = open_path.with_name(open_path.name[: -len(OPEN_SUFFIX)])
+    relpath = os.path.relpath(closed, data_dir)
+    out = Indexed()
+    entries: list[Entry] = []
+    good_end = 0
+    try:
+        for entry, meta, body in iter_entries(open_path):
+            index_meta(meta, body, entry, relpath, out)
+            entries.append(entry)
+            good_end = entry.end
+    except ArchiveError:
+        pass
+    size = open_path.stat().st_size
+    cut_file = None
+    with open(open_path, "r+b") as f:
+        f.seek(good_end)
+        if size > good_end and f.read(4) != _CENTRAL_SIG:
+            cut_file = closed.with_name(f"{closed.name}.cut-{time.strftime('%Y%m%d%H%M%S')}")
+            f.seek(good_end)
+            with open(cut_file, "wb") as dst:
+                shutil.copyfileobj(f, dst, 1 << 20)
+                dst.flush()
+                os.fsync(dst.fileno())
+        f.truncate(good_end)
+        f.seek(good_end)
+        f.write(central_directory(entries, good_end))
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(open_path, closed)
+    _fsync_dir(closed.parent)
+    return Repair(closed, len(entries), size - good_end if cut_file else 0, cut_file, out)

@@ -1,0 +1,35 @@
+"""Run project commands in a subprocess, as a user would (with a timeout)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT, crawl_env
+
+
+def run_scrapy(*args: str, timeout: float = 300, pythonpath: list[Path] = (), input=None):
+    env = crawl_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *map(str, pythonpath)])
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        input=input,
+    )
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def canon(items: list[dict]) -> list[str]:
+    """Items as sorted JSON strings: equal lists mean equal items, whatever the order."""
+    return sorted(json.dumps(i, sort_keys=True) for i in items)

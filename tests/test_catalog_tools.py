@@ -1,0 +1,248 @@
+"""``scrapy catalog``: stats, verify, rebuild, merge, export, CDXJ index, WACZ."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+import sqlite3
+import subprocess
+import zipfile
+
+import pyarrow.parquet as pq
+import pytest
+
+from crawler import catalog_tools as tools
+from crawler.catalog import Catalog
+from tests.checks import catalog_rows
+from tests.cmdline import run_scrapy
+from tests.conftest import ROOT, run_crawl, write_urls
+
+BIN = ROOT / ".venv" / "bin"
+
+
+@pytest.fixture(scope="module")
+def crawled(site, tmp_path_factory):
+    """A data directory with 200s, a 404, a redirect, and a 304 refresh (revisit record)."""
+    root = tmp_path_factory.mktemp("catalog")
+    base = site.base_url
+    urls = [f"{base}/page/{n}.html" for n in (300, 301, 302, 303)]
+    urls += [f"{base}/missing/5", f"{base}/redirect/7", f"{base}/binary/3"]
+    url_file = write_urls(root / "urls.txt", urls)
+    data_dir = root / "data"
+    assert run_crawl(url_file, data_dir).returncode == 0
+    site.bump("/page/301.html")
+    result = run_crawl(url_file, data_dir, "-a", "revalidate=1")
+    assert result.returncode == 0, result.stderr
+    return data_dir
+
+
+def test_stats_table(crawled):
+    stats = tools.catalog_stats(crawled)
+    assert stats.rows == 7
+    assert dict(stats.by_status) == {200: 6, 404: 1}
+    assert dict(stats.by_content_type)["text/html"] == 6
+    assert stats.by_host == [("127.0.0.1", 7)]
+    assert stats.archive_bytes > 0 and stats.ratio > 0
+    assert stats.oldest < stats.newest
+    result = run_scrapy("catalog", "stats", "-s", f"DATA_DIR={crawled}")
+    assert result.returncode == 0, result.stderr
+    assert "compression" in result.stdout and "127.0.0.1" in result.stdout
+
+
+def test_rebuild_reproduces_the_catalog_row_for_row(crawled, tmp_path):
+    out = tmp_path / "rebuilt.db"
+    result = run_scrapy("catalog", "rebuild", "-s", f"DATA_DIR={crawled}", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    with Catalog(out, readonly=True) as rebuilt:
+        rows = {r.key: r for r in rebuilt.rows()}
+    original = catalog_rows(crawled)
+    assert rows == original
+    # The 304 refresh was applied: the unchanged page has its second fetch time.
+    assert (
+        sum(
+            1
+            for r in original.values()
+            if r.fetched_at > min(x.fetched_at for x in original.values())
+        )
+        >= 6
+    )
+
+
+def test_rebuild_refuses_to_overwrite_the_live_catalog(crawled):
+    with pytest.raises(tools.ToolError, match="live catalog"):
+        tools.Rebuild(crawled, crawled / "metadata.db").run()
+
+
+def test_rebuild_without_an_archive_drops_its_rows(crawled, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(crawled, data_dir)
+    archives = sorted((data_dir / "archive").glob("*.warc.gz"))
+    assert len(archives) == 2
+    archives[1].unlink()
+    result = tools.Rebuild(data_dir, tmp_path / "r.db").run()
+    with Catalog(result.path, readonly=True) as rebuilt:
+        rows = {r.key: r for r in rebuilt.rows()}
+    kept = {
+        k: r
+        for k, r in catalog_rows(data_dir).items()
+        if r.archive != str(archives[1].relative_to(data_dir))
+    }
+    # Rows whose newest fetch was in the lost file fall back to the older record.
+    assert set(rows) == set(catalog_rows(data_dir))
+    for key, row in kept.items():
+        assert rows[key].archive == row.archive and rows[key].offset == row.offset
+
+
+def test_verify_finds_and_fixes(crawled, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(crawled, data_dir)
+    ok = run_scrapy("catalog", "verify", "-s", f"DATA_DIR={data_dir}")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    rows = sorted(catalog_rows(data_dir).values(), key=lambda r: r.url)
+    damaged, forgotten = rows[0], rows[1]
+    with open(data_dir / damaged.archive, "r+b") as f:
+        f.seek(damaged.offset + damaged.length // 2)
+        f.write(b"\x00" * 32)
+    conn = sqlite3.connect(data_dir / "metadata.db")
+    conn.execute("DELETE FROM artifacts WHERE key = ?", (forgotten.key,))
+    conn.commit()
+    conn.close()
+    bad = run_scrapy("catalog", "verify", "-s", f"DATA_DIR={data_dir}")
+    assert bad.returncode == 1
+    assert f"{damaged.archive}: offset {damaged.offset}: {damaged.url}" in bad.stdout
+    assert f"{forgotten.url}: in the archive, not in the catalog" in bad.stdout
+    assert "scrapy catalog verify --fix" in bad.stdout
+    unconfirmed = run_scrapy("catalog", "verify", "--fix", "-s", f"DATA_DIR={data_dir}")
+    assert "not fixed" in unconfirmed.stderr
+    fixed = run_scrapy("catalog", "verify", "--fix", "--yes", "-s", f"DATA_DIR={data_dir}")
+    assert "fixed: dropped 1 rows" in fixed.stdout, fixed.stdout + fixed.stderr
+    after = catalog_rows(data_dir)
+    assert after[forgotten.key] == forgotten
+    # The damaged fetch falls back to the older copy of the first crawl, if it has one;
+    # without one the row is gone and the next crawl fetches the URL again.
+    if damaged.key in after:
+        assert after[damaged.key].fetched_at < damaged.fetched_at
+        assert after[damaged.key].archive != damaged.archive
+    report = tools.Verify(data_dir).run()
+    assert report.bad_rows == [] and report.orphans == []
+
+
+def test_merge_keeps_the_newest_fetch(site, tmp_path):
+    base = site.base_url
+    url_file = write_urls(tmp_path / "urls.txt", [f"{base}/page/310.html", f"{base}/page/311.html"])
+    old, new = tmp_path / "old", tmp_path / "new"
+    assert run_crawl(url_file, old).returncode == 0
+    site.bump("/page/310.html")
+    only_new = write_urls(tmp_path / "new.txt", [f"{base}/page/310.html", f"{base}/page/312.html"])
+    assert run_crawl(only_new, new).returncode == 0
+    old_rows, new_rows = catalog_rows(old), catalog_rows(new)
+    out = tmp_path / "merged.db"
+    for order in ([new, old], [old, new]):
+        result = run_scrapy(
+            "catalog", "merge", *(str(d / "metadata.db") for d in order), "-o", str(out)
+        )
+        assert result.returncode == 0, result.stderr
+        with Catalog(out, readonly=True) as merged:
+            rows = {r.key: r for r in merged.rows()}
+        assert len(rows) == 3
+        for key, row in new_rows.items():
+            assert rows[key] == row  # page 310 was fetched again later: the new row wins
+        for key, row in old_rows.items():
+            if key not in new_rows:
+                assert rows[key] == row
+    bad = run_scrapy("catalog", "merge", str(old / "metadata.db"), "-o", str(out))
+    assert bad.returncode == 2
+
+
+def test_export_parquet_and_csv(crawled, tmp_path):
+    n = tools.export_catalog(crawled, "parquet", tmp_path / "c.parquet")
+    table = pq.read_table(tmp_path / "c.parquet")
+    assert n == table.num_rows == 7
+    assert table.column("status").type == "int32"
+    result = run_scrapy(
+        "catalog",
+        "export",
+        "--format",
+        "csv",
+        "-o",
+        str(tmp_path / "c.csv"),
+        "-s",
+        f"DATA_DIR={crawled}",
+    )
+    assert result.returncode == 0, result.stderr
+    with open(tmp_path / "c.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 7 and {r["key"] for r in rows} == set(catalog_rows(crawled))
+
+
+def test_cdxj_index_equals_cdxj_indexer(crawled, tmp_path):
+    out = tmp_path / "index.cdxj"
+    result = run_scrapy("catalog", "index", "-o", str(out), "-s", f"DATA_DIR={crawled}")
+    assert result.returncode == 0, result.stderr
+    archives = sorted((crawled / "archive").glob("*.warc.gz"))
+    reference = subprocess.run(
+        [str(BIN / "cdxj-indexer"), "--sort", *map(str, archives)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert reference.returncode == 0, reference.stderr
+    assert out.read_text() == reference.stdout
+    assert len(reference.stdout.splitlines()) >= 7
+
+
+def test_wacz_validates(crawled, tmp_path):
+    out = tmp_path / "crawl.wacz"
+    result = run_scrapy("catalog", "wacz", str(out), "-s", f"DATA_DIR={crawled}")
+    assert result.returncode == 0, result.stderr
+    check = subprocess.run(
+        [str(BIN / "wacz"), "validate", "-f", str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "the passed WACZ is valid" in check.stdout
+    with zipfile.ZipFile(out) as zf:
+        names = set(zf.namelist())
+        assert {"datapackage.json", "pages/pages.jsonl", "indexes/index.cdx.gz"} <= names
+        assert all(i.compress_type == zipfile.ZIP_STORED for i in zf.infolist())
+        pages = zf.read("pages/pages.jsonl").decode().splitlines()
+    assert len(pages) == 1 + 5  # header + the HTML pages (4 pages and the redirected one)
+
+
+def test_a_corrupt_record_is_reported_by_rebuild(crawled, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(crawled, data_dir)
+    row = sorted(catalog_rows(data_dir).values(), key=lambda r: r.offset)[2]
+    with open(data_dir / row.archive, "r+b") as f:
+        f.seek(row.offset + 20)
+        f.write(b"\xff" * 40)
+    result = run_scrapy(
+        "catalog", "rebuild", "-o", str(tmp_path / "r.db"), "-s", f"DATA_DIR={data_dir}"
+    )
+    assert result.returncode == 1
+    assert f"offset {row.offset}" in result.stderr
+    with Catalog(tmp_path / "r.db", readonly=True) as rebuilt:
+        assert rebuilt.count() >= 6  # the records after the bad one are still indexed
+
+
+SAMPLES = ROOT / "tests" / "data" / "broken"
+
+
+def test_broken_samples_are_reported_with_file_and_offset(tmp_path):
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    for name in ("truncated.warc.gz", "corrupt.warc.gz"):
+        shutil.copy(SAMPLES / name, archive / name)
+    scan = tools.scan_archives(tools.archive_paths(tmp_path), tmp_path)
+    assert len(scan.problems) == 2, scan.problems
+    truncated, corrupt = archive / "truncated.warc.gz", archive / "corrupt.warc.gz"
+    assert any(p.startswith(f"{corrupt}: offset 1150:") for p in scan.problems), scan.problems
+    assert any(p.startswith(f"{truncated}: offset 1940:") for p in scan.problems), scan.problems
+    found = sorted((r.archive, r.key[-1]) for r in scan.indexed.rows)
+    # The corrupt file's third record is found again after the bad one; the truncated
+    # file's third record is lost.
+    assert found == [
+        ("archive/corrupt.warc.gz", "0"),
+        ("archive/corrupt.warc.gz", "2"),
+        ("archive/truncated.warc.gz", "0"),
+        ("archive/truncated.warc.gz", "1"),
+    ]

@@ -1,0 +1,62 @@
+"""The ``products`` example spider: its parser against the demo shop's known facts."""
+
+from __future__ import annotations
+
+import pytest
+from scrapy.http import HtmlResponse, Request
+
+from crawler.parsers import page_summary
+from demo.site import DemoSite
+from spiders.products import parse_product
+from tests.cmdline import read_jsonl
+from tests.conftest import run_crawl, write_urls
+
+SHOP = DemoSite(pages=100, page_bytes=8000, seed=3)
+
+
+def response(path: str, body: bytes) -> HtmlResponse:
+    url = f"http://shop.test{path}"
+    return HtmlResponse(url, body=body, request=Request(url), encoding="utf-8")
+
+
+@pytest.mark.parametrize("n", [0, 3, 7, 14, 99])
+def test_parser_extracts_what_the_page_says(n):
+    facts = SHOP.product(n)
+    item = parse_product(response(f"/product/{n}.html", SHOP.product_html(n)))
+    assert item is not None
+    for name in (
+        "sku", "name", "brand", "price", "old_price", "currency", "availability",
+        "rating", "review_count", "category", "colors", "sizes", "seller",
+    ):  # fmt: skip
+        assert getattr(item, name) == facts[name], name
+    assert item.related == [f"http://shop.test/product/{k}.html" for k in facts["related"]]
+    assert item.images == [f"http://shop.test/img/{facts['sku']}-{i}.jpg" for i in range(3)]
+    assert item.specs == {"SKU": facts["sku"], "Brand": facts["brand"], "Weight": "1.2 kg"}
+    assert item.shipping == "Free shipping over 50 \u20ac"
+    assert item.description and len(item.description.split()) == 40
+    assert 1 <= len(item.reviews) <= 5 and item.reviews[0]["author"] == "user0"
+    assert item.url == f"http://shop.test/product/{n}.html"
+
+
+def test_other_pages_are_not_products():
+    assert parse_product(response("/page/1.html", SHOP.page_html(1))) is None
+
+
+def test_summary_item_of_a_page():
+    item = page_summary(response("/page/4.html", SHOP.page_html(4)))
+    assert item.title == "Page 4" and item.description == "Demo page number 4"
+    assert item.language == "en" and item.status == 200 and item.links == 8
+    assert item.final_url == item.url == "http://shop.test/page/4.html"
+    assert item.text_length > 1000
+
+
+def test_products_crawl(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/product/{n}.html" for n in (1, 2)] + [f"{site.base_url}/page/1.html"]
+    out = tmp_path / "products.jsonl"
+    result = run_crawl(
+        write_urls(tmp_path / "u.txt", urls), data_dir, "-o", str(out), spider="products"
+    )
+    assert result.returncode == 0, result.stderr
+    items = read_jsonl(out)
+    assert sorted(i["sku"] for i in items) == ["SKU-000001", "SKU-000002"]
+    assert all(i["price"] == site.product(int(i["sku"][4:]))["price"] for i in items)

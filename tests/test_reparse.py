@@ -1,0 +1,269 @@
+"""``scrapy reparse``: stored pages parsed again, no requests, every record accounted for."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import textwrap
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from crawler.catalog import Catalog
+from crawler.reparse import Progress, Reparse, ReparseConfig, plan, select_rows
+from tests.checks import catalog_rows
+from tests.cmdline import canon, read_jsonl, run_scrapy
+from tests.conftest import run_crawl, write_urls
+
+PATHS = [f"page/{n}.html" for n in range(200, 208)] + [
+    "product/3.html",
+    "product/4.html",
+    "binary/7",
+    "redirect/9",
+    "missing/3",
+]
+
+
+@pytest.fixture(scope="module")
+def crawled(site, tmp_path_factory):
+    """A data directory crawled by the ``site`` spider, with the items it produced."""
+    root = tmp_path_factory.mktemp("reparse")
+    urls = write_urls(root / "urls.txt", [f"{site.base_url}/{p}" for p in PATHS])
+    data_dir = root / "data"
+    result = run_crawl(urls, data_dir, "-o", str(root / "crawl.jsonl"))
+    assert result.returncode == 0, result.stderr
+    return data_dir, read_jsonl(root / "crawl.jsonl")
+
+
+def test_reparse_output_equals_the_crawls_items(crawled, tmp_path):
+    data_dir, crawl_items = crawled
+    out = tmp_path / "derived" / "pages.jsonl"
+    result = run_scrapy("reparse", "site", "-s", f"DATA_DIR={data_dir}", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    items = read_jsonl(out)
+    assert len(items) == 11  # the HTML pages: 8 pages, 2 products, the redirect
+    assert canon(items) == canon(crawl_items)
+    assert f"Re-parsed {len(PATHS)} records into 11 items" in result.stderr
+    assert not list(out.parent.glob(".*tmp*"))
+
+
+def test_pool_over_byte_ranges_gives_the_same_items(crawled, tmp_path):
+    data_dir, crawl_items = crawled
+    config = ReparseConfig(
+        spider="site", data_dir=data_dir, workers=2, chunk_rows=3, output=tmp_path / "p.jsonl"
+    )
+    rows = select_rows(config)
+    assert rows.count() == len(PATHS)
+    tasks = list(plan(rows, data_dir, chunk_rows=3))
+    assert len(tasks) == 5 and all(len(t.rows) <= 3 for t in tasks)
+    assert all(a.end <= b.start for a, b in zip(tasks, tasks[1:], strict=False))
+    summary = Reparse(config).run()
+    assert summary.exit_code == 0
+    assert summary.records == len(PATHS)
+    assert canon(read_jsonl(tmp_path / "p.jsonl")) == canon(crawl_items)
+    assert summary.stats["reparse/items"] == 11
+
+
+def test_where_limit_callback_and_formats(crawled, tmp_path):
+    data_dir, _ = crawled
+    common = ["-s", f"DATA_DIR={data_dir}", "--workers", "1"]
+    result = run_scrapy(
+        "reparse",
+        "products",
+        *common,
+        "--where",
+        "url like '%/product/%'",
+        "-o",
+        str(tmp_path / "p.parquet"),
+    )
+    assert result.returncode == 0, result.stderr
+    table = pq.read_table(tmp_path / "p.parquet").to_pylist()
+    assert sorted(r["sku"] for r in table) == ["SKU-000003", "SKU-000004"]
+    result = run_scrapy("reparse", "site", *common, "--limit", "2", "-o", str(tmp_path / "s.csv"))
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "s.csv").read_text().splitlines()
+    assert lines[0].startswith("url,final_url,status,title") and len(lines) <= 3
+    for suffix in ("json", "xml"):
+        result = run_scrapy("reparse", "site", *common, "-o", str(tmp_path / f"s.{suffix}"))
+        assert result.returncode == 0, result.stderr
+        assert (tmp_path / f"s.{suffix}").stat().st_size > 100
+    some = run_scrapy("reparse", "site", *common, "--archive", "archive/*.warc.gz")
+    assert some.returncode == 0 and f"Re-parsed {len(PATHS)} records" in some.stderr
+    none = run_scrapy("reparse", "site", *common, "--archive", "archive/nothing-*.warc.gz")
+    assert none.returncode == 0 and "Re-parsed 0 records" in none.stderr
+    bad = run_scrapy("reparse", "site", *common, "-o", str(tmp_path / "s.txt"))
+    assert bad.returncode == 2 and "unknown output format '.txt'" in bad.stderr
+    bad = run_scrapy("reparse", "site", *common, "--callback", "nope")
+    assert bad.returncode == 1 and "has no callback 'nope'" in bad.stderr
+    bad = run_scrapy("reparse", "site", *common, "--where", "no_such_column = 1")
+    assert bad.returncode == 1 and "--where" in bad.stderr
+
+
+def test_requests_from_callbacks_are_ignored_and_counted(crawled, tmp_path):
+    data_dir, _ = crawled
+    result = run_scrapy(
+        "reparse", "site", "-s", f"DATA_DIR={data_dir}", "-a", "depth=1", "--workers", "1"
+    )
+    assert result.returncode == 0, result.stderr
+    ignored = [line for line in result.stderr.splitlines() if "requests ignored" in line]
+    assert ignored and ignored[0] != "requests ignored: 0"
+
+
+SHOP_V1 = """
+    import scrapy
+
+    class ShopSpider(scrapy.Spider):
+        name = "shop"
+
+        def __init__(self, urls=None, **kwargs):
+            super().__init__(**kwargs)
+            self.urls = urls
+
+        async def start(self):
+            for line in open(self.urls):
+                yield scrapy.Request(line.strip())
+
+        def parse(self, response):
+            yield {"url": response.url, "title": response.css("title::text").get()}
+"""
+SHOP_V2 = SHOP_V1.replace(
+    'yield {"url": response.url, "title": response.css("title::text").get()}',
+    'if "/page/3" in response.url:\n'
+    '                raise ValueError("parser bug")\n'
+    '            yield {"url": response.url, "title": response.css("title::text").get().upper(),\n'
+    '                   "h1": response.css("h1::text").get()}',
+)
+
+
+def test_changed_parser_gives_changed_items_without_any_request(site, tmp_path):
+    package = tmp_path / "mods" / "shopspiders"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "shop.py").write_text(textwrap.dedent(SHOP_V1))
+    urls = [f"{site.base_url}/page/{n}.html" for n in (1, 2, 3, 4)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    data_dir = tmp_path / "data"
+    common = ["-s", f"DATA_DIR={data_dir}", "-s", "SPIDER_MODULES=shopspiders"]
+    crawl = run_scrapy(
+        "crawl", "shop", "-a", f"urls={url_file}", *common, "-o", str(tmp_path / "v1.jsonl"),
+        "-s", "AUTOTHROTTLE_ENABLED=0", pythonpath=[tmp_path / "mods"],
+    )  # fmt: skip
+    assert crawl.returncode == 0, crawl.stderr
+    assert sorted(i["title"] for i in read_jsonl(tmp_path / "v1.jsonl")) == [
+        f"Page {n}" for n in (1, 2, 3, 4)
+    ]
+    (package / "shop.py").write_text(textwrap.dedent(SHOP_V2))
+    site.reset_counts()
+    result = run_scrapy(
+        "reparse", "shop", *common, "-o", str(tmp_path / "v2.jsonl"), "--workers", "2",
+        pythonpath=[tmp_path / "mods"],
+    )  # fmt: skip
+    assert dict(site.counts) == {}  # not one request reached the server
+    items = read_jsonl(tmp_path / "v2.jsonl")
+    assert sorted(i["title"] for i in items) == ["PAGE 1", "PAGE 2", "PAGE 4"]
+    assert all(i["h1"].startswith("Page") for i in items)
+    # The callback's exception is reported with the url and key, counted, and the run goes on.
+    assert result.returncode == 1
+    row = next(r for r in catalog_rows(data_dir).values() if r.url.endswith("/page/3.html"))
+    assert f"failed on {row.url} (key {row.key}): ValueError: parser bug" in result.stderr
+    assert "1 callback exceptions" in result.stderr
+
+
+def _damage(data_dir: Path) -> tuple[str, int, int]:
+    """Corrupt one record in the middle and cut the file inside another."""
+    with Catalog(data_dir / "metadata.db", readonly=True) as catalog:
+        rows = list(catalog.rows('1 ORDER BY "offset"'))
+    corrupt, cut = rows[3], rows[-1]
+    path = data_dir / corrupt.archive
+    with open(path, "r+b") as f:
+        f.seek(corrupt.offset + corrupt.length // 2)
+        f.write(b"\xff" * 64)
+    with open(path, "r+b") as f:
+        f.truncate(cut.offset + cut.length // 2)
+    return str(path), corrupt.offset, cut.offset
+
+
+def test_corrupt_and_truncated_records_are_reported_and_skipped(crawled, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(crawled[0], data_dir)
+    path, corrupt_at, cut_at = _damage(data_dir)
+    out = tmp_path / "pages.jsonl"
+    result = run_scrapy("reparse", "site", "-s", f"DATA_DIR={data_dir}", "-o", str(out))
+    assert result.returncode == 1
+    assert f"{path}: offset {corrupt_at}:" in result.stderr
+    assert f"{path}: offset {cut_at}:" in result.stderr
+    assert "error: 2 records skipped" in result.stderr
+    assert f"Re-parsed {len(PATHS) - 2} records" in result.stderr
+    assert out.exists()  # the records that could be read are all there
+
+
+def test_progress_line():
+    stream = io.StringIO()
+    progress = Progress(200, stream)
+    assert not progress.enabled  # not a terminal: no bar
+    line = progress.line(50, 1)
+    assert "50/200 (25%)" in line and "pages/s" in line and "ETA" in line and "1 errors" in line
+
+
+PROBE_SPIDER = """
+    import scrapy
+    from scrapy.http import TextResponse
+
+    class ProbeSpider(scrapy.Spider):
+        name = "probe"
+
+        def parse(self, response):
+            yield {
+                "class": type(response).__name__,
+                "url": response.url,
+                "status": response.status,
+                "encoding": response.encoding if isinstance(response, TextResponse) else None,
+                "content_type": (response.headers.get("Content-Type") or b"").decode(),
+                "body_length": len(response.body),
+                "key": response.meta["catalog_key"],
+                "listed_url": response.meta["catalog_url"],
+                "fetched_at": response.meta["fetched_at"],
+                "request_url": response.request.url,
+            }
+"""
+
+
+def test_responses_are_rebuilt_faithfully(site, tmp_path, monkeypatch):
+    base = site.base_url
+    paths = ["page/1.html", "latin1/6", "binary/5", "redirect/4", "sitemap.xml", "gone/2"]
+    data_dir = tmp_path / "data"
+    result = run_crawl(write_urls(tmp_path / "urls.txt", [f"{base}/{p}" for p in paths]), data_dir)
+    assert result.returncode == 0, result.stderr
+    package = tmp_path / "mods" / "probespiders"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "probe.py").write_text(textwrap.dedent(PROBE_SPIDER))
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    config = ReparseConfig(
+        spider="probe",
+        data_dir=data_dir,
+        workers=1,
+        output=tmp_path / "probe.jsonl",
+        settings={"SPIDER_MODULES": ["probespiders"], "HTTPERROR_ALLOWED_CODES": [410]},
+    )
+    summary = Reparse(config).run()
+    assert summary.exit_code == 0 and summary.records == len(paths)
+    found = {i["listed_url"]: i for i in read_jsonl(tmp_path / "probe.jsonl")}
+    rows = {r.url: r for r in catalog_rows(data_dir).values()}
+    assert set(found) == set(rows)
+    for url, item in found.items():
+        row = rows[url]
+        assert (item["key"], item["fetched_at"], item["status"]) == (
+            row.key,
+            row.fetched_at,
+            row.status,
+        )
+        assert item["url"] == row.final_url and item["request_url"] == url
+        assert item["body_length"] == row.bytes
+    assert found[f"{base}/page/1.html"]["class"] == "HtmlResponse"
+    assert found[f"{base}/latin1/6"]["encoding"] == "cp1252"  # how Scrapy reads iso-8859-1
+    assert found[f"{base}/binary/5"]["class"] == "Response"
+    assert found[f"{base}/sitemap.xml"]["class"] == "XmlResponse"
+    assert found[f"{base}/redirect/4"]["url"] == f"{base}/page/4.html"
+    assert found[f"{base}/gone/2"]["content_type"] == "text/plain"  # allowed by setting
