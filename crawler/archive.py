@@ -21,6 +21,7 @@ from http import HTTPStatus
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from isal import isal_zlib
 from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
@@ -110,8 +111,19 @@ def payload_headers(headers: Headers, body_length: int) -> Headers:
     return out
 
 
-def gzip_member(data: bytes, level: int) -> bytes:
-    comp = zlib.compressobj(level, zlib.DEFLATED, 31)
+COMPRESSORS = {"isal": isal_zlib, "zlib": zlib}
+MAX_LEVEL = {"isal": 3, "zlib": 9}
+
+
+def gzip_member(data: bytes, level: int, compressor: str = "isal") -> bytes:
+    """One complete gzip member holding ``data``.
+
+    ISA-L at level 1 compresses as small as zlib at level 1 at about four times the
+    speed (and sixteen times zlib's level 6), which is what lets one writer keep up
+    with a crawl. Readers need nothing special: the output is plain gzip.
+    """
+    module = COMPRESSORS[compressor]
+    comp = module.compressobj(level, module.DEFLATED, 31)
     return comp.compress(data) + comp.flush()
 
 
@@ -124,7 +136,8 @@ class ArchiveWriter:
         data_dir: str | os.PathLike,
         prefix: str = "crawl",
         rollover_bytes: int = 1_000_000_000,
-        gzip_level: int = 6,
+        gzip_level: int = 1,
+        compressor: str = "isal",
         software: str = "research-crawler",
     ):
         self.directory = Path(directory)
@@ -132,6 +145,7 @@ class ArchiveWriter:
         self.prefix = prefix
         self.rollover_bytes = rollover_bytes
         self.gzip_level = gzip_level
+        self.compressor = compressor
         self.software = software
         self.directory.mkdir(parents=True, exist_ok=True)
         self._file: io.BufferedWriter | None = None
@@ -172,7 +186,7 @@ class ArchiveWriter:
         return buf.getvalue()
 
     def _append(self, record: bytes) -> tuple[int, int]:
-        member = gzip_member(record, self.gzip_level)
+        member = gzip_member(record, self.gzip_level, self.compressor)
         offset = self.size
         self._file.write(member)
         self.size += len(member)
@@ -497,3 +511,32 @@ def repair_open_file(open_path: Path, data_dir: Path) -> Repair:
     os.rename(open_path, closed)
     _fsync_dir(closed.parent)
     return Repair(closed, records, size - good_end, cut_file, out)
+
+
+# -- either format -----------------------------------------------------------------------
+
+
+def is_zip(path: str | os.PathLike) -> bool:
+    """Whether an archive file is a zip of bodies (ARCHIVE_FORMAT=zip) rather than a WARC."""
+    name = os.fspath(path)
+    if name.endswith(OPEN_SUFFIX):
+        name = name[: -len(OPEN_SUFFIX)]
+    return name.endswith(".zip")
+
+
+def read_any(path: str | os.PathLike, offset: int, length: int) -> StoredRecord:
+    """:func:`read_record` for a WARC, or the zip reader for a zip of bodies."""
+    if is_zip(path):
+        from crawler.ziparchive import read_zip_record
+
+        return read_zip_record(path, offset, length)
+    return read_record(path, offset, length)
+
+
+def index_any(path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
+    """:func:`index_file` for either format."""
+    if is_zip(path):
+        from crawler.ziparchive import index_zip_file
+
+        return index_zip_file(path, data_dir, relpath)
+    return index_file(path, data_dir, relpath)

@@ -14,9 +14,18 @@ import hashlib
 
 from w3lib.url import canonicalize_url
 
+_DEFAULT_PORTS = {"http": ":80", "https": ":443"}
+
 
 def canonical_url(url: str) -> str:
-    return canonicalize_url(url, keep_fragments=False)
+    canon = canonicalize_url(url, keep_fragments=False)
+    scheme, sep, rest = canon.partition("://")
+    port = _DEFAULT_PORTS.get(scheme)
+    if port:
+        host, slash, path = rest.partition("/")
+        if host.endswith(port):
+            canon = f"{scheme}{sep}{host[: -len(port)]}{slash}{path}"
+    return canon
 
 
 def request_key(url: str, method: str = "GET", body: bytes = b"") -> str:

@@ -11,11 +11,13 @@ is renamed to its closed name only after the rows pointing into it are committed
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import logging
 import multiprocessing
 import os
+import signal
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from crawler.archive import (
     warc_date,
 )
 from crawler.catalog import BatchWriter, Catalog, Row
+from crawler.ziparchive import ZipArchiveWriter, repair_open_zip
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +49,11 @@ class StoreConfig:
     data_dir: Path
     prefix: str = "crawl"
     rollover_bytes: int = 1_000_000_000
-    gzip_level: int = 6
+    gzip_level: int = 1
+    compressor: str = "isal"
     batch_size: int = 200
     flush_seconds: float = 5.0
+    format: str = "warc"  # or "zip" (crawler/ziparchive.py)
 
     @property
     def catalog_path(self) -> Path:
@@ -110,12 +115,20 @@ def recover(config: StoreConfig) -> Recovery:
     result = Recovery()
     if not config.archive_dir.is_dir():
         return result
-    open_files = sorted(config.archive_dir.glob("*.warc.gz" + OPEN_SUFFIX))
+    open_files = sorted(
+        [
+            *config.archive_dir.glob("*.warc.gz" + OPEN_SUFFIX),
+            *config.archive_dir.glob("*.zip" + OPEN_SUFFIX),
+        ]
+    )
     if not open_files:
         return result
     with Catalog(config.catalog_path) as catalog:
         for path in open_files:
-            repair = repair_open_file(path, config.data_dir)
+            repair_fn = (
+                repair_open_zip if path.name.endswith(".zip" + OPEN_SUFFIX) else repair_open_file
+            )
+            repair = repair_fn(path, config.data_dir)
             result.repairs.append(repair)
             result.indexed_rows += index_missing(
                 catalog, repair.indexed.rows, repair.indexed.touches
@@ -145,13 +158,17 @@ class Store:
     def __init__(self, config: StoreConfig):
         self.config = config
         self.catalog = Catalog(config.catalog_path)
-        self.archive = ArchiveWriter(
-            config.archive_dir,
-            config.data_dir,
-            prefix=config.prefix,
-            rollover_bytes=config.rollover_bytes,
-            gzip_level=config.gzip_level,
-        )
+        common = dict(prefix=config.prefix, rollover_bytes=config.rollover_bytes)
+        if config.format == "zip":
+            self.archive = ZipArchiveWriter(config.archive_dir, config.data_dir, **common)
+        else:
+            self.archive = ArchiveWriter(
+                config.archive_dir,
+                config.data_dir,
+                gzip_level=config.gzip_level,
+                compressor=config.compressor,
+                **common,
+            )
         self.batch = BatchWriter(
             self.catalog.conn,
             batch_size=config.batch_size,
@@ -210,6 +227,10 @@ class Store:
 
 def _serve(inbox, outbox, config: StoreConfig) -> None:
     """Main loop of the writer process."""
+    # Signals are the crawl's to handle (Ctrl-C reaches the whole process group);
+    # this process stops when the crawl closes the pipe, after committing.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         store = Store(config)
     except Exception as exc:
@@ -271,6 +292,9 @@ class WriterProcess:
         self._proc.start()
         recv_in.close()
         send_out.close()
+        # On a forced exit, multiprocessing joins the writer at exit: close the pipe
+        # first so that it commits what it holds and ends.
+        atexit.register(self._send.close)
         self.error: str | None = None
         self.summary: dict | None = None
         self._wait_ready()
@@ -334,6 +358,7 @@ class WriterProcess:
             pass
         finally:
             self._send.close()
+            atexit.unregister(self._send.close)
             self._proc.join(timeout=30)
             if self._proc.is_alive():
                 self._proc.kill()

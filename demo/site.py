@@ -15,6 +15,8 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
     /slow/N               a page sent after a delay (?ms=...)
     /private/N            a page robots.txt forbids
     /robots.txt           Disallow: /private/
+    /product/N.html       a shop's product page (the ``products`` example spider)
+    /sitemap.xml          an XML sitemap of the first pages
 
 Run it: ``python -m demo.site --pages 3000 --port 8000``.
 """
@@ -25,6 +27,7 @@ import argparse
 import gzip
 import hashlib
 import random
+import sys
 import threading
 import time
 from collections import Counter
@@ -56,6 +59,7 @@ WORDS = [
     "batch",
     "resume",
 ]
+BRANDS = ["Acme", "Globex", "Initech", "Umbrella", "Hooli", "Vandelay"]
 LAST_MODIFIED = formatdate(1_700_000_000, usegmt=True)
 
 
@@ -109,15 +113,95 @@ class DemoSite:
         parts.append("</body></html>\n")
         return "".join(parts).encode(encoding)
 
+    def product(self, n: int, version: int = 0) -> dict:
+        """The facts behind ``/product/N.html`` (what a correct parser extracts)."""
+        rng = random.Random(self.seed * 7_000_003 + n * 13 + version)
+        cents = rng.randrange(500, 100_000)
+        colors = rng.sample(["red", "green", "blue", "black", "white", "grey"], 3)
+        return {
+            "sku": f"SKU-{n:06d}",
+            "name": f"{rng.choice(BRANDS)} {rng.choice(WORDS).title()} {n}"
+            + (f" v{version}" if version else ""),
+            "brand": rng.choice(BRANDS),
+            "price": cents / 100,
+            "old_price": (cents + 1000) / 100 if n % 3 == 0 else None,
+            "currency": "EUR",
+            "availability": "InStock" if n % 7 else "OutOfStock",
+            "rating": round(rng.uniform(1, 5), 1),
+            "review_count": rng.randrange(0, 500),
+            "category": ["Shop", rng.choice(WORDS).title(), rng.choice(WORDS).title()],
+            "colors": colors,
+            "sizes": ["S", "M", "L"] if n % 2 else [],
+            "seller": f"Seller {n % 17}",
+            "related": [rng.randrange(self.pages) for _ in range(4)],
+        }
+
+    def product_html(self, n: int, version: int = 0) -> bytes:
+        p = self.product(n, version)
+        rng = random.Random(n)
+        old = f"<s class='old-price'>{p['old_price']:.2f}</s>" if p["old_price"] else ""
+        crumbs = "".join(f"<li><a href='/c/{c.lower()}'>{c}</a></li>" for c in p["category"])
+        parts = [
+            "<!DOCTYPE html>\n<html lang='en'><head><meta charset='utf-8'>",
+            f"<title>{p['name']} | Demo Shop</title>",
+            f"<meta name='description' content='Buy {p['name']}'>",
+            "</head><body>",
+            f"<nav class='breadcrumb'><ol>{crumbs}</ol></nav>",
+            f"<div class='product' data-sku='{p['sku']}' itemscope>",
+            f"<h1 class='product-title' itemprop='name'>{p['name']}</h1>",
+            f"<span class='brand' itemprop='brand'>{p['brand']}</span>",
+            "<div class='price-box'>",
+            f"<span class='price' itemprop='price' content='{p['price']:.2f}'>"
+            f"{p['price']:.2f} &euro;</span>{old}",
+            f"<meta itemprop='priceCurrency' content='{p['currency']}'>",
+            f"<link itemprop='availability' href='https://schema.org/{p['availability']}'>",
+            "</div>",
+            f"<div class='rating' data-rating='{p['rating']}'>"
+            f"<span class='count'>{p['review_count']} reviews</span></div>",
+            "<ul class='gallery'>"
+            + "".join(f"<li><img src='/img/{p['sku']}-{i}.jpg' alt=''></li>" for i in range(3))
+            + "</ul>",
+            "<ul class='colors'>" + "".join(f"<li>{c}</li>" for c in p["colors"]) + "</ul>",
+            "<select class='sizes'>"
+            + "".join(f"<option>{s}</option>" for s in p["sizes"])
+            + "</select>",
+            f"<div class='seller'>Sold by <a href='/seller/{p['seller']}'>{p['seller']}</a></div>",
+            "<div class='shipping'>Free shipping over 50 &euro;</div>",
+            "<table class='specs'>"
+            + f"<tr><th>SKU</th><td>{p['sku']}</td></tr>"
+            + f"<tr><th>Brand</th><td>{p['brand']}</td></tr>"
+            + "<tr><th>Weight</th><td>1.2 kg</td></tr></table>",
+            "<div class='description' itemprop='description'><p>"
+            + " ".join(rng.choice(WORDS) for _ in range(40))
+            + "</p></div>",
+            "<ul class='related'>"
+            + "".join(f"<li><a href='/product/{k}.html'>product {k}</a></li>" for k in p["related"])
+            + "</ul>",
+            "<div class='reviews'>",
+        ]
+        size = sum(map(len, parts))
+        i = 0
+        while size < self.page_bytes:
+            text = " ".join(rng.choice(WORDS) for _ in range(30))
+            review = (
+                f"<div class='review'><span class='author'>user{i}</span>"
+                f"<span class='stars'>{1 + i % 5}</span><p>{text}</p></div>\n"
+            )
+            parts.append(review)
+            size += len(review)
+            i += 1
+        parts.append("</div></div></body></html>\n")
+        return "".join(parts).encode()
+
     def payload(self, path: str) -> bytes:
         """What the server means by ``path``: the body after any content coding."""
-        return self.answer(path, {}, count=False).body_decoded
+        return self.answer(path, {}, serving=False).body_decoded
 
-    def answer(self, path: str, headers: dict, count: bool = True) -> Answer:
+    def answer(self, path: str, headers: dict, serving: bool = True) -> Answer:
         parts = urlsplit(path)
         route = parts.path
         query = parse_qs(parts.query)
-        if count:
+        if serving:
             with self._lock:
                 self.counts[route] += 1
                 self.request_headers[route] = headers
@@ -127,7 +211,7 @@ class DemoSite:
         kind = segs[0] if segs else ""
         arg = segs[1].split(".")[0] if len(segs) > 1 else "0"
         n = int(arg) if arg.isdigit() else 0
-        ans = self._route(kind, n, version, seen, query, route)
+        ans = self._route(kind, n, version, seen, query if serving else {}, route)
         ans.body_decoded = ans.body
         if kind == "gzip" and ans.status == 200:
             ans.body = gzip.compress(ans.body, mtime=0)
@@ -156,16 +240,28 @@ class DemoSite:
             return Answer(
                 200, f"<html><body>{links}</body></html>".encode(), {"Content-Type": "text/html"}
             )
+        if route == "/sitemap.xml":
+            urls = "".join(
+                f"<url><loc>/page/{k}.html</loc></url>" for k in range(min(20, self.pages))
+            )
+            body = (
+                "<?xml version='1.0' encoding='UTF-8'?>\n"
+                f"<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>{urls}</urlset>\n"
+            ).encode()
+            return Answer(200, body, {"Content-Type": "application/xml"})
         if route == "/robots.txt":
             return Answer(
                 200, b"User-agent: *\nDisallow: /private/\n", {"Content-Type": "text/plain"}
             )
         if kind in ("page", "gzip", "chunked", "private") and 0 <= n < self.pages:
             return self._page(n, version)
+        if kind == "product" and 0 <= n < self.pages:
+            body = self.product_html(n, version)
+            return Answer(200, body, {"Content-Type": "text/html; charset=utf-8"})
         if kind == "latin1":
             return self._page(n, version, encoding="latin-1")
         if kind == "slow":
-            time.sleep(int(query.get("ms", ["500"])[0]) / 1000)
+            time.sleep(int(query.get("ms", ["0"])[0]) / 1000)
             return self._page(n % self.pages, version)
         if kind == "redirect":
             return Answer(301, b"", {"Location": f"/page/{n % self.pages}.html"})
@@ -198,7 +294,7 @@ class DemoSite:
         class Handler(_Handler):
             demo = site
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self._server = _Server(("127.0.0.1", port), Handler)
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         self.base_url = f"http://127.0.0.1:{self._server.server_address[1]}"
@@ -209,6 +305,13 @@ class DemoSite:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        # A crawl killed mid-request drops its connections: not the site's error.
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -13,13 +13,14 @@ from twisted.internet import task
 logger = logging.getLogger(__name__)
 
 
-def format_progress(stats: dict, rate: float, cache_rate: float) -> str:
+def format_progress(stats: dict, rate: float, list_rate: float) -> str:
+    """One progress line; ``rate`` in pages fetched/s, ``list_rate`` in list URLs done/s."""
     done = stats.get("progress/list_done", 0)
     total = stats.get("progress/list_total")
     if total:
         share = f"{done:,}/{total:,} ({100 * done / total:.1f}%)"
-        speed = rate + cache_rate
-        eta = str(timedelta(seconds=int((total - done) / speed))) if speed > 0 else "?"
+        left = max(total - done, 0)
+        eta = str(timedelta(seconds=int(left / list_rate))) if list_rate > 0 else "?"
     else:
         share, eta = f"{done:,}/?", "?"
     return (
@@ -51,18 +52,19 @@ class ProgressExtension:
         self._task = task.LoopingCall(self.log)
         self._task.start(self.interval, now=False)
 
-    def _pages(self) -> tuple[int, int]:
+    def _counts(self) -> tuple[int, int]:
         get = self.stats.get_value
-        return get("actions/ok", 0) + get("actions/not_modified", 0), get("catalog/cache_hits", 0)
+        pages = get("actions/ok", 0) + get("actions/not_modified", 0)
+        return pages, get("progress/list_done", 0)
 
     def log(self) -> None:
         now = time.monotonic()
-        pages, hits = self._pages()
-        then, pages0, hits0 = self._last
+        pages, done = self._counts()
+        then, pages0, done0 = self._last
         elapsed = max(now - then, 1e-6)
-        self._last = (now, pages, hits)
+        self._last = (now, pages, done)
         line = format_progress(
-            self.stats.get_stats(), (pages - pages0) / elapsed, (hits - hits0) / elapsed
+            self.stats.get_stats(), (pages - pages0) / elapsed, (done - done0) / elapsed
         )
         logger.info("Progress: %s", line)
 

@@ -29,7 +29,7 @@ from scrapy.utils.defer import deferred_from_coro
 
 from crawler import signals as crawler_signals
 from crawler.actionlog import ActionLog
-from crawler.archive import ArchiveError, Fetch, read_record, resolve
+from crawler.archive import MAX_LEVEL, ArchiveError, Fetch, read_any, resolve
 from crawler.catalog import Catalog, CatalogError
 from crawler.keys import request_key
 from crawler.responses import build_response
@@ -58,9 +58,17 @@ class StorageSettings:
         batch_size = settings.getint("CATALOG_BATCH_SIZE")
         if batch_size < 1:
             raise ValueError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
+        compressor = settings.get("ARCHIVE_COMPRESSOR") or "isal"
+        if compressor not in MAX_LEVEL:
+            raise ValueError(
+                f"ARCHIVE_COMPRESSOR must be one of {sorted(MAX_LEVEL)}, not {compressor!r}"
+            )
         level = settings.getint("ARCHIVE_GZIP_LEVEL")
-        if not 0 <= level <= 9:
-            raise ValueError(f"ARCHIVE_GZIP_LEVEL must be 0-9, not {level}")
+        if not 0 <= level <= MAX_LEVEL[compressor]:
+            raise ValueError(
+                f"ARCHIVE_GZIP_LEVEL must be 0-{MAX_LEVEL[compressor]} with "
+                f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
+            )
         return cls(
             data_dir=data_dir,
             store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
@@ -70,10 +78,19 @@ class StorageSettings:
                 prefix=settings.get("ARCHIVE_PREFIX") or "crawl",
                 rollover_bytes=settings.getint("ARCHIVE_ROLLOVER_BYTES"),
                 gzip_level=level,
+                compressor=compressor,
                 batch_size=batch_size,
                 flush_seconds=settings.getfloat("CATALOG_FLUSH_SECONDS"),
+                format=archive_format(settings),
             ),
         )
+
+
+def archive_format(settings) -> str:
+    fmt = (settings.get("ARCHIVE_FORMAT") or "warc").lower()
+    if fmt not in ("warc", "zip"):
+        raise ValueError(f"ARCHIVE_FORMAT must be warc or zip, not {fmt!r}")
+    return fmt
 
 
 def _is_robots(request: Request) -> bool:
@@ -237,15 +254,20 @@ class ArchiveMiddleware:
         keys = [self.key_for(r) for r in requests]
         present = self.catalog.present(keys)
         out = []
-        for request, key in zip(requests, keys, strict=False):
+        hits = 0
+        for request, key in zip(requests, keys, strict=True):
             meta = request.meta
             meta["catalog_checked"] = True
             meta["catalog_cached"] = cached = key in present
             if cached and not self._wants_fetch_when_cached(request):
-                self.stats.inc_value("catalog/cache_hits")
-                self._record(request, "cache_hit")
+                # The hot path of a resumed crawl: log here, count once per batch.
+                hits += 1
+                self.log.write(meta["catalog_url"], key, "cache_hit")
             else:
                 out.append(request)
+        if hits:
+            for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
+                self.stats.inc_value(name, hits)
         return out
 
     def _wants_fetch_when_cached(self, request: Request) -> bool:
@@ -259,6 +281,9 @@ class ArchiveMiddleware:
             return None
         meta = request.meta
         key = self.key_for(request)
+        # The request passed the dupefilter already; where it redirects must be fetched
+        # too, even if another request fetched that URL, or its key never gets a row.
+        request.dont_filter = True
         if meta.get("catalog_checked") and not meta.get("catalog_cached"):
             return None
         if meta.get("catalog_revalidating"):
@@ -290,7 +315,7 @@ class ArchiveMiddleware:
 
     def _replay(self, request: Request, row) -> Response | None:
         try:
-            stored = read_record(resolve(self.config.data_dir, row.archive), row.offset, row.length)
+            stored = read_any(resolve(self.config.data_dir, row.archive), row.offset, row.length)
         except (ArchiveError, OSError) as exc:
             logger.warning("Stored copy of %s unreadable, fetching it again: %s", request.url, exc)
             self.stats.inc_value("archive/read_errors")

@@ -15,11 +15,12 @@ from urllib.parse import urlsplit
 
 import scrapy
 from scrapy.exceptions import UsageError
-from scrapy.http import TextResponse
+from scrapy.http import HtmlResponse, TextResponse
 from twisted.internet.threads import deferToThread
 
 from crawler import signals as crawler_signals
 from crawler.domains import registered_domain
+from crawler.parsers import page_summary
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +91,12 @@ def _flag(value) -> bool:
 
 class SiteSpider(scrapy.Spider):
     name = "site"
+    # Breadth-first, so that a page is first met at its smallest depth.
+    custom_settings = {
+        "DEPTH_PRIORITY": 1,
+        "SCHEDULER_DISK_QUEUE": "scrapy.squeues.PickleFifoDiskQueue",
+        "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
+    }
 
     def __init__(self, urls: str | None = None, depth: str = "0", revalidate: str = "0", **kwargs):
         super().__init__(**kwargs)
@@ -106,6 +113,10 @@ class SiteSpider(scrapy.Spider):
         self.revalidate = _flag(revalidate)
         self.url_list = UrlList(urls)
         self.domains: set[str] = set()
+        # Smallest depth each followed URL was met at (depth crawls only): concurrent
+        # downloads can meet a page deeper first, and its links must still be followed
+        # when it is met again higher up, or the pages reached would depend on timing.
+        self.depths: dict[str, int] = {}
 
     async def start(self):
         if self.url_list.path != "-":
@@ -117,6 +128,8 @@ class SiteSpider(scrapy.Spider):
                 self._bad_line(number, url, problem)
                 continue
             self.domains.add(registered_domain(urlsplit(url).hostname))
+            if self.depth:
+                self.depths[url] = 0
             yield scrapy.Request(url, callback=self.parse, meta={"catalog_replay": self.depth > 0})
 
     def _bad_line(self, number: int, text: str, problem: str) -> None:
@@ -128,6 +141,8 @@ class SiteSpider(scrapy.Spider):
         )
 
     def parse(self, response):
+        if isinstance(response, HtmlResponse):
+            yield page_summary(response)
         yield from self.follow_links(response)
 
     def follow_links(self, response) -> Iterator[scrapy.Request]:
@@ -136,9 +151,20 @@ class SiteSpider(scrapy.Spider):
             return
         replay = depth + 1 < self.depth
         for href in response.css("a::attr(href)").getall():
-            url = response.urljoin(href.strip())
+            url = response.urljoin(href.strip()).split("#", 1)[0]
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
                 continue
-            if registered_domain(parts.hostname) in self.domains:
-                yield scrapy.Request(url, callback=self.parse, meta={"catalog_replay": replay})
+            if registered_domain(parts.hostname) not in self.domains:
+                continue
+            met = self.depths.get(url)
+            if met is not None and met <= depth + 1:
+                continue
+            self.depths[url] = depth + 1
+            yield scrapy.Request(
+                url,
+                callback=self.parse,
+                meta={"catalog_replay": replay},
+                # Met again, higher up: the dupefilter would drop it.
+                dont_filter=met is not None,
+            )

@@ -9,11 +9,13 @@ from urllib.parse import urlsplit
 from crawler.actionlog import read as read_log
 from crawler.archive import (
     Indexed,
+    index_any,
     index_file,
     index_record,
+    is_zip,
     iter_members,
     parse_record,
-    read_record,
+    read_any,
     resolve,
 )
 from crawler.catalog import Catalog, Row
@@ -36,7 +38,7 @@ def assert_rows_readable(data_dir: Path, site=None) -> dict[str, Row]:
     (given the site) equals what the server meant to send."""
     rows = catalog_rows(data_dir)
     for row in rows.values():
-        stored = read_record(resolve(data_dir, row.archive), row.offset, row.length)
+        stored = read_any(resolve(data_dir, row.archive), row.offset, row.length)
         assert len(stored.body) == row.bytes, row
         assert stored.status == row.status, row
         assert dict(stored.warc_headers)["WARC-Payload-Digest"] == row.payload_digest
@@ -49,7 +51,7 @@ def assert_rows_readable(data_dir: Path, site=None) -> dict[str, Row]:
 def response_records(data_dir: Path) -> Counter:
     """How many complete response records each key has across the archives."""
     counts: Counter = Counter()
-    for path in sorted((data_dir / "archive").glob("*.warc.gz*")):
+    for path in sorted((data_dir / "archive").glob("*")):
         if ".cut-" in path.name:
             continue
         indexed = index_file_tolerant(path, data_dir)
@@ -58,6 +60,8 @@ def response_records(data_dir: Path) -> Counter:
 
 
 def index_file_tolerant(path: Path, data_dir: Path) -> list[Row]:
+    if is_zip(path):
+        return index_any(path, data_dir).rows
     try:
         return index_file(path, data_dir).rows
     except Exception:

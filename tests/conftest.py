@@ -74,15 +74,15 @@ def crawl_env() -> dict:
 
 def start_crawl(urls, data_dir, *args, log_path: Path) -> subprocess.Popen:
     """Start a crawl in its own process group (so a test can kill all of it)."""
-    log = open(log_path, "w")
-    return subprocess.Popen(
-        crawl_command(urls, data_dir, *args),
-        cwd=ROOT,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=crawl_env(),
-        start_new_session=True,
-    )
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            crawl_command(urls, data_dir, *args),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=crawl_env(),
+            start_new_session=True,
+        )
 
 
 def kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:

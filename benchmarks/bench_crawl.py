@@ -1,0 +1,255 @@
+"""Crawl throughput of the storage stack against a bare crawl, on pages served by nginx.
+
+    python -m benchmarks.bench_crawl [--pages 5000] [--big 50000]
+
+Runs, in one go, over the same pages: (a) a bare spider storing nothing with the
+project's settings, (a') the same spider with Scrapy's defaults, (b) the bare spider
+with the project's storage stack, (c) the bare spider with Scrapy's HTTP cache
+(FilesystemCacheStorage), (d) a warm re-run of (b) where everything is stored; then
+(b) and (d) again over a list ten times longer, for peak memory and skip speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import json
+import os
+import random
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = [
+    "data",
+    "crawl",
+    "archive",
+    "index",
+    "record",
+    "page",
+    "link",
+    "server",
+    "parse",
+    "query",
+    "batch",
+    "resume",
+]
+# The same for every run, so that the ratios measure what differs.
+COMMON = [
+    "-s", "AUTOTHROTTLE_ENABLED=0",
+    "-s", "ROBOTSTXT_OBEY=0",
+    "-s", "LOG_LEVEL=INFO",
+    "-s", "LOGSTATS_INTERVAL=0",
+    "-s", "PROGRESS_INTERVAL=0",
+    "-s", "CONCURRENT_REQUESTS=16",
+    "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=16",
+    "-s", "CLOSESPIDER_ERRORCOUNT=0",
+]  # fmt: skip
+
+
+class NginxUnavailableError(Exception):
+    """nginx is not installed (apt-get install nginx-light)."""
+
+
+@dataclass
+class Result:
+    name: str
+    pages: int
+    seconds: float
+    cpu_seconds: float
+    peak_rss: int
+    skip_rate: float | None = None  # cache hits/s, first hit to last (start-up excluded)
+
+    @property
+    def rate(self) -> float:
+        return self.pages / self.seconds if self.seconds else 0.0
+
+
+def make_site(root: Path, pages: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(pages):
+        target = rng.randint(40_000, 60_000)
+        parts = [f"<!DOCTYPE html><html><head><title>Page {n}</title></head><body>"]
+        size = len(parts[0])
+        while size < target:
+            words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 20)))
+            href = rng.randrange(pages)
+            piece = (
+                f"<p class='c{rng.randrange(9)}'>{words} <a href='/p{href}.html'>{href}</a></p>\n"
+            )
+            parts.append(piece)
+            size += len(piece)
+        parts.append("</body></html>\n")
+        (root / f"p{n}.html").write_text("".join(parts))
+
+
+class Nginx:
+    def __init__(self, docroot: Path, workdir: Path):
+        self.docroot = docroot
+        self.workdir = workdir
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+
+    def start(self) -> str:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(binary):
+            raise NginxUnavailableError("nginx not found: apt-get install nginx-light")
+        for _ in range(5):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+            conf = self.workdir / "nginx.conf"
+            conf.write_text(
+                f"worker_processes 1; daemon off; pid {self.workdir}/nginx.pid;\n"
+                f"error_log {self.workdir}/error.log;\n"
+                "events { worker_connections 1024; }\n"
+                "http { access_log off; keepalive_requests 100000;\n"
+                f"  client_body_temp_path {self.workdir}; proxy_temp_path {self.workdir};\n"
+                f"  server {{ listen 127.0.0.1:{self.port}; root {self.docroot};\n"
+                "    types { text/html html; } } }\n"
+            )
+            self.proc = subprocess.Popen([binary, "-c", str(conf), "-p", str(self.workdir)])
+            time.sleep(0.5)
+            if self.proc.poll() is None:
+                return f"http://127.0.0.1:{self.port}"
+        raise NginxUnavailableError(f"nginx did not start: see {self.workdir}/error.log")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    """RSS of a process and its children (processes may end while we look)."""
+    total = 0
+    with contextlib.suppress(psutil.Error):
+        for p in [proc, *proc.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+    return total
+
+
+def skip_rate(action_log: Path, hits: int) -> float:
+    """Cache hits per second between the first and the last of the last ``hits`` lines."""
+    with open(action_log) as f:
+        lines = f.readlines()[-hits:]
+    first, last = (json.loads(line)["ts"] for line in (lines[0], lines[-1]))
+    parse = lambda ts: datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").timestamp()  # noqa: E731
+    return hits / max(parse(last) - parse(first), 1e-3)
+
+
+def run_crawl(name: str, args: list[str], cwd: Path, pages: int) -> Result:
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if cwd != ROOT:
+        env.pop("PYTHONPATH")
+    log = cwd / f"bench-{name.split()[0]}.log" if cwd != ROOT else ROOT / "bench-data" / "last.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "scrapy", *args, *COMMON],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        watched = psutil.Process(proc.pid)
+        peak = 0
+        while proc.poll() is None:
+            peak = max(peak, _tree_rss(watched))
+            time.sleep(0.05)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    text = log.read_text()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}: crawl failed (exit {proc.returncode}), see {log}")
+    stats = _stats(text)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    done = stats.get("response_received_count", 0) + stats.get("catalog/cache_hits", 0)
+    if done != pages:
+        raise RuntimeError(f"{name}: {done} pages handled, {pages} expected; see {log}")
+    result = Result(name, pages, stats["elapsed_time_seconds"], cpu, peak)
+    hits = stats.get("catalog/cache_hits", 0)
+    if hits == pages:
+        data_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("DATA_DIR=")))
+        result.skip_rate = skip_rate(data_dir / "fetch_log.jsonl", hits)
+    return result
+
+
+def _stats(log: str) -> dict:
+    start = log.rindex("Dumping Scrapy stats:\n") + len("Dumping Scrapy stats:\n")
+    end = log.index("}\n", start) + 1
+    text = log[start:end]
+    text = text.replace("datetime.datetime(", "(").replace("tzinfo=datetime.timezone.utc", "0")
+    return {k: v for k, v in ast.literal_eval(text).items() if not isinstance(v, tuple)}
+
+
+def run(pages: int = 5000, big: int = 50000, workdir: Path | None = None) -> list[str]:
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="bench-crawl-"))
+    (ROOT / "bench-data").mkdir(exist_ok=True)
+    docroot = workdir / "site"
+    make_site(docroot, pages)
+    nginx = Nginx(docroot, workdir)
+    base = nginx.start()
+    try:
+        urls = workdir / "urls.txt"
+        urls.write_text("".join(f"{base}/p{n}.html\n" for n in range(pages)))
+        many = workdir / "many.txt"
+        many.write_text("".join(f"{base}/p{n % pages}.html?v={n}\n" for n in range(big)))
+        bare = str(ROOT / "benchmarks" / "bare.py")
+        data = workdir / "data"
+        outside = workdir / "outside"
+        outside.mkdir()
+        runs = [
+            ("(a) bare, project settings", ["runspider", bare, "-a", f"urls={urls}", "-s", "ARCHIVE_ENABLED=0"], ROOT, pages),
+            ("(a') bare, Scrapy defaults", ["runspider", bare, "-a", f"urls={urls}"], outside, pages),
+            ("(b) storage stack", ["runspider", bare, "-a", f"urls={urls}", "-s", f"DATA_DIR={data}"], ROOT, pages),
+            ("(c) Scrapy HTTP cache", ["runspider", bare, "-a", f"urls={urls}", "-s", "ARCHIVE_ENABLED=0", "-s", "HTTPCACHE_ENABLED=1", "-s", f"HTTPCACHE_DIR={workdir / 'httpcache'}"], ROOT, pages),
+            ("(d) warm re-run of (b)", ["runspider", bare, "-a", f"urls={urls}", "-s", f"DATA_DIR={data}"], ROOT, pages),
+            (f"(b) storage stack, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", f"DATA_DIR={workdir / 'data-big'}"], ROOT, big),
+            (f"(d) warm re-run, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", f"DATA_DIR={workdir / 'data-big'}"], ROOT, big),
+        ]  # fmt: skip
+        results = [run_crawl(name, args, cwd, n) for name, args, cwd, n in runs]
+    finally:
+        nginx.stop()
+    return report(results, pages)
+
+
+def report(results: list[Result], pages: int) -> list[str]:
+    base = results[0].rate
+    lines = [
+        f"{'run':38} {'pages/s':>9} {'CPU ms/page':>12} {'peak RSS MB':>12} {'ratio to (a)':>13}",
+    ]
+    for r in results:
+        lines.append(
+            f"{r.name:38} {r.rate:9.0f} {1000 * r.cpu_seconds / r.pages:12.2f} "
+            f"{r.peak_rss / 1e6:12.0f} {r.rate / base:13.2f}"
+        )
+    for r in results:
+        if r.skip_rate:
+            lines.append(f"{r.name}: skips {r.skip_rate:,.0f} stored URLs/s (start-up excluded)")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pages", type=int, default=5000)
+    parser.add_argument("--big", type=int, default=50000)
+    args = parser.parse_args()
+    for line in run(args.pages, args.big):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

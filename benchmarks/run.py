@@ -1,0 +1,31 @@
+"""``make bench``: every benchmark of the project, in one run."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SECTIONS = [
+    ("Crawl: storage stack against a bare crawl (nginx, 40-60 KB pages)", "benchmarks.bench_crawl"),
+    ("Proxy leases", "benchmarks.bench_proxies"),
+    ("Re-parse and random access", "benchmarks.bench_reparse"),
+]
+
+
+def main() -> int:
+    failed = 0
+    for title, module in SECTIONS:
+        print(f"\n== {title} ({module})", flush=True)
+        try:
+            lines = importlib.import_module(module).run()
+        except Exception as exc:  # one section failing should not hide the others
+            failed += 1
+            print(f"failed: {type(exc).__name__}: {exc}", flush=True)
+            continue
+        for line in lines:
+            print(line, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

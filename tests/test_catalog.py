@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from crawler.catalog import SCHEMA_VERSION, Catalog, CatalogError, Row
+from crawler.keys import canonical_url, request_key
+
+
+def row(key: str, fetched_at: str = "2026-01-01T00:00:00.000000Z", **kw) -> Row:
+    base = dict(
+        key=key,
+        url=f"http://example.org/{key}",
+        final_url=f"http://example.org/{key}",
+        status=200,
+        content_type="text/html",
+        bytes=10,
+        etag='"e1"',
+        last_modified="Tue, 14 Nov 2023 22:13:20 GMT",
+        fetched_at=fetched_at,
+        archive="archive/a.warc.gz",
+        offset=0,
+        length=100,
+        payload_digest="sha1:X",
+    )
+    base.update(kw)
+    return Row(**base)
+
+
+def test_pragmas_and_schema(tmp_path):
+    with Catalog(tmp_path / "metadata.db") as catalog:
+        conn = catalog.conn
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert conn.execute("PRAGMA cache_size").fetchone()[0] == -65536
+        assert conn.execute("PRAGMA temp_store").fetchone()[0] == 2  # MEMORY
+        assert conn.execute("PRAGMA busy_timeout").fetchone()[0] > 0
+        assert catalog.version == SCHEMA_VERSION
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(artifacts)")}
+    assert columns >= {
+        "key", "url", "final_url", "status", "content_type", "bytes", "etag",
+        "last_modified", "fetched_at", "archive", "offset", "length", "payload_digest",
+    }  # fmt: skip
+
+
+def test_a_newer_schema_is_refused_with_a_clear_message(tmp_path):
+    path = tmp_path / "metadata.db"
+    Catalog(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(CatalogError, match="newer than this code knows"):
+        Catalog(path)
+    with pytest.raises(CatalogError, match="newer"):
+        Catalog(path, readonly=True)
+
+
+def test_not_a_database_is_a_clear_error(tmp_path):
+    path = tmp_path / "metadata.db"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(CatalogError, match="not a usable SQLite catalog"):
+        Catalog(path)
+
+
+def test_batches_commit_per_batch_size(tmp_path):
+    path = tmp_path / "metadata.db"
+    commits = []
+    with Catalog(path) as catalog, Catalog(path, readonly=True) as reader:
+        with catalog.writer(
+            batch_size=3, before_commit=lambda: commits.append(reader.count())
+        ) as batch:
+            for i in range(7):
+                batch.upsert(row(f"k{i}"))
+                # a reader sees whole batches only
+                assert reader.count() == 3 * ((i + 1) // 3)
+        assert reader.count() == 7
+    assert commits == [0, 3, 6]
+
+
+def test_a_batch_is_flushed_when_its_time_is_up(tmp_path):
+    with Catalog(tmp_path / "metadata.db") as catalog:
+        batch = catalog.writer(batch_size=1000, flush_seconds=0.0)
+        batch.upsert(row("k1"))
+        assert catalog.count() == 1
+
+
+def test_upsert_replaces_and_touch_only_refreshes(tmp_path):
+    with Catalog(tmp_path / "metadata.db") as catalog:
+        with catalog.writer() as batch:
+            batch.upsert(row("k", bytes=10))
+            batch.upsert(row("k", bytes=20, offset=500))
+        got = catalog.get("k")
+        assert (got.bytes, got.offset) == (20, 500)
+        with catalog.writer() as batch:
+            batch.touch("k", '"e2"', None, "2026-02-01T00:00:00.000000Z")
+        after = catalog.get("k")
+        assert after.etag == '"e2"'
+        assert after.last_modified == got.last_modified  # kept when the 304 has none
+        assert after.fetched_at == "2026-02-01T00:00:00.000000Z"
+        assert (after.bytes, after.offset, after.archive) == (20, 500, got.archive)
+        assert catalog.count() == 1
+
+
+def test_present_looks_up_a_batch_of_keys(tmp_path):
+    with Catalog(tmp_path / "metadata.db") as catalog:
+        with catalog.writer() as batch:
+            for i in range(10):
+                batch.upsert(row(f"k{i}"))
+        assert catalog.present([f"k{i}" for i in range(5, 15)]) == {f"k{i}" for i in range(5, 10)}
+        assert catalog.present([]) == set()
+
+
+def test_key_rule():
+    a = request_key("HTTP://Example.ORG:80/a?b=2&a=1#frag")
+    assert a == request_key("http://example.org/a?a=1&b=2")
+    assert canonical_url("http://Example.org/a?b=2&a=1#x") == "http://example.org/a?a=1&b=2"
+    import hashlib
+
+    assert a == hashlib.sha256(b"http://example.org/a?a=1&b=2").hexdigest()
+    post = request_key("http://example.org/a", "POST", b"q=1")
+    assert post == hashlib.sha256(b"POST http://example.org/a\nq=1").hexdigest()
+    assert post != request_key("http://example.org/a", "POST", b"q=2")
+    assert len(a) == 64 and a == a.lower()
