@@ -127,8 +127,15 @@ def gzip_member(data: bytes, level: int, compressor: str = "isal") -> bytes:
     return comp.compress(data) + comp.flush()
 
 
-class ArchiveWriter:
-    """Appends records to ``<dir>/<prefix>-<time>-<pid>-<seq>.warc.gz.open`` files."""
+class RollingFile:
+    """A file written as ``<dir>/<prefix>-<time>-<pid>-<seq><suffix>.open``.
+
+    It is renamed to its closed name by :meth:`close` (after a flush and fsync), and a
+    writer starts a new one once :meth:`needs_rollover` says so. Subclasses write the
+    records; ``_started`` and ``_finishing`` are their hooks at either end of a file.
+    """
+
+    suffix = ""
 
     def __init__(
         self,
@@ -136,17 +143,11 @@ class ArchiveWriter:
         data_dir: str | os.PathLike,
         prefix: str = "crawl",
         rollover_bytes: int = 1_000_000_000,
-        gzip_level: int = 1,
-        compressor: str = "isal",
-        software: str = "research-crawler",
     ):
         self.directory = Path(directory)
         self.data_dir = Path(data_dir)
         self.prefix = prefix
         self.rollover_bytes = rollover_bytes
-        self.gzip_level = gzip_level
-        self.compressor = compressor
-        self.software = software
         self.directory.mkdir(parents=True, exist_ok=True)
         self._file: io.BufferedWriter | None = None
         self._seq = 0
@@ -154,8 +155,6 @@ class ArchiveWriter:
         self.size = 0
         self.closed_files: list[Path] = []
         self.records_written = 0
-
-    # -- files ---------------------------------------------------------------------
 
     @property
     def path(self) -> Path:
@@ -168,9 +167,61 @@ class ArchiveWriter:
     def _open(self) -> None:
         self._seq += 1
         stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
-        self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}.warc.gz"
+        self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}{self.suffix}"
         self._file = open(self.path.with_name(self.name + OPEN_SUFFIX), "xb")
         self.size = 0
+        self._started()
+
+    def _started(self) -> None:
+        """Called when a new file is open."""
+
+    def _finishing(self) -> None:
+        """Called before a file is flushed, closed and renamed."""
+
+    def flush(self, fsync: bool = True) -> None:
+        if self._file is not None:
+            self._file.flush()
+            if fsync:
+                os.fsync(self._file.fileno())
+
+    def needs_rollover(self) -> bool:
+        return self._file is not None and self.size >= self.rollover_bytes
+
+    def close(self) -> Path | None:
+        """Finish, flush, fsync and rename the open file to its closed name."""
+        if self._file is None:
+            return None
+        self._finishing()
+        self.flush(fsync=True)
+        self._file.close()
+        self._file = None
+        os.rename(self.path.with_name(self.name + OPEN_SUFFIX), self.path)
+        _fsync_dir(self.directory)
+        self.closed_files.append(self.path)
+        return self.path
+
+
+class ArchiveWriter(RollingFile):
+    """Appends WARC records, each its own gzip member, to rolling ``.warc.gz`` files."""
+
+    suffix = ".warc.gz"
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        data_dir: str | os.PathLike,
+        prefix: str = "crawl",
+        rollover_bytes: int = 1_000_000_000,
+        gzip_level: int = 1,
+        compressor: str = "isal",
+        software: str = "research-crawler",
+    ):
+        super().__init__(directory, data_dir, prefix, rollover_bytes)
+        self.gzip_level = gzip_level
+        self.compressor = compressor
+        self.software = software
+
+    def _started(self) -> None:
         self._append(self._warcinfo())
 
     def _warcinfo(self) -> bytes:
@@ -191,27 +242,6 @@ class ArchiveWriter:
         self._file.write(member)
         self.size += len(member)
         return offset, len(member)
-
-    def flush(self, fsync: bool = True) -> None:
-        if self._file is not None:
-            self._file.flush()
-            if fsync:
-                os.fsync(self._file.fileno())
-
-    def needs_rollover(self) -> bool:
-        return self._file is not None and self.size >= self.rollover_bytes
-
-    def close(self) -> Path | None:
-        """Flush, fsync and rename the open file to its closed name."""
-        if self._file is None:
-            return None
-        self.flush(fsync=True)
-        self._file.close()
-        self._file = None
-        os.rename(self.path.with_name(self.name + OPEN_SUFFIX), self.path)
-        _fsync_dir(self.directory)
-        self.closed_files.append(self.path)
-        return self.path
 
     # -- records -------------------------------------------------------------------
 

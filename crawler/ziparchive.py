@@ -34,6 +34,7 @@ from crawler.archive import (
     Fetch,
     Indexed,
     Repair,
+    RollingFile,
     StoredRecord,
     TruncatedRecordError,
     _fsync_dir,
@@ -170,8 +171,10 @@ def central_directory(entries: list[Entry], start: int) -> bytes:
     return cd + _EOCD.pack(_EOCD_SIG, 0, 0, n, n, len(cd), start, 0)
 
 
-class ZipArchiveWriter:
-    """Appends bodies to ``<dir>/<prefix>-<time>-<pid>-<seq>.zip.open`` files."""
+class ZipArchiveWriter(RollingFile):
+    """Appends bodies to rolling ``.zip`` files; the central directory is written on close."""
+
+    suffix = ".zip"
 
     def __init__(
         self,
@@ -180,38 +183,13 @@ class ZipArchiveWriter:
         prefix: str = "crawl",
         rollover_bytes: int = 1_000_000_000,
         gzip_level: int = 6,
-        software: str = "research-crawler",
     ):
-        self.directory = Path(directory)
-        self.data_dir = Path(data_dir)
-        self.prefix = prefix
-        self.rollover_bytes = min(rollover_bytes, MAX_BYTES)
+        super().__init__(directory, data_dir, prefix, min(rollover_bytes, MAX_BYTES))
         self.level = gzip_level
-        self.software = software
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self._file = None
-        self._seq = 0
         self._entries: list[Entry] = []
-        self.name = ""
-        self.size = 0
-        self.closed_files: list[Path] = []
-        self.records_written = 0
 
-    @property
-    def path(self) -> Path:
-        return self.directory / self.name
-
-    @property
-    def relpath(self) -> str:
-        return os.path.relpath(self.path, self.data_dir)
-
-    def _open(self) -> None:
-        self._seq += 1
-        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
-        self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}.zip"
-        self._file = open(self.path.with_name(self.name + OPEN_SUFFIX), "xb")
+    def _started(self) -> None:
         self._entries = []
-        self.size = 0
 
     def _append(self, name: str, body: bytes, meta: dict, ts: float) -> Entry:
         if self._file is None:
@@ -289,29 +267,13 @@ class ZipArchiveWriter:
         self._append(f"{fetch.key[:2]}/{fetch.key}.revisit", b"", meta, fetch.fetched_at)
         self.records_written += 1
 
-    def flush(self, fsync: bool = True) -> None:
-        if self._file is not None:
-            self._file.flush()
-            if fsync:
-                os.fsync(self._file.fileno())
-
     def needs_rollover(self) -> bool:
-        return self._file is not None and (
-            self.size >= self.rollover_bytes or len(self._entries) >= MAX_ENTRIES
+        return super().needs_rollover() or (
+            self._file is not None and len(self._entries) >= MAX_ENTRIES
         )
 
-    def close(self) -> Path | None:
-        """Write the central directory, fsync and rename to the closed name."""
-        if self._file is None:
-            return None
+    def _finishing(self) -> None:
         self._file.write(central_directory(self._entries, self.size))
-        self.flush(fsync=True)
-        self._file.close()
-        self._file = None
-        os.rename(self.path.with_name(self.name + OPEN_SUFFIX), self.path)
-        _fsync_dir(self.directory)
-        self.closed_files.append(self.path)
-        return self.path
 
 
 # -- reading ---------------------------------------------------------------------------
