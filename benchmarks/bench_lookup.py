@@ -1,0 +1,97 @@
+"""Catalog lookups with a large catalog: what a resumed crawl pays per listed URL.
+
+    python -m benchmarks.bench_lookup [--rows 10000000]
+
+Builds a catalog of ``--rows`` synthetic rows, then times the two lookups the crawl
+makes: ``present()`` over batches of 256 keys (the start-request fast path; half of
+them stored) and ``get()`` of one key (followed links).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import tempfile
+import time
+from pathlib import Path
+
+from crawler.catalog import Catalog
+
+BATCH = 256
+
+
+def _key(n: int) -> str:
+    return hashlib.sha256(b"http://example.org/%d" % n).hexdigest()
+
+
+def build(path: Path, rows: int) -> float:
+    started = time.perf_counter()
+    with Catalog(path) as catalog:
+        conn = catalog.conn
+        chunk = 200_000
+        for first in range(0, rows, chunk):
+            conn.execute("BEGIN")
+            conn.executemany(
+                "INSERT INTO artifacts (key, url, final_url, status, content_type, bytes, "
+                'fetched_at, archive, "offset", length) VALUES (?, ?, ?, 200, '
+                "'text/html', 50000, '2026-01-01T00:00:00.000000Z', 'archive/a.warc.gz', ?, 20000)",
+                (
+                    (_key(n), f"http://example.org/{n}", f"http://example.org/{n}", n)
+                    for n in range(first, min(first + chunk, rows))
+                ),
+            )
+            conn.execute("COMMIT")
+    return time.perf_counter() - started
+
+
+def measure(path: Path, rows: int, seconds: float = 5.0) -> tuple[float, float]:
+    rng = random.Random(7)
+    with Catalog(path, readonly=True) as catalog:
+        looked = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            # half stored keys, half keys never stored
+            keys = [_key(n) for n in rng.sample(range(rows), BATCH // 2)]
+            keys += [_key(rows + rng.randrange(rows)) for _ in range(BATCH // 2)]
+            found = catalog.present(keys)
+            assert len(found) == BATCH // 2
+            looked += BATCH
+        batched = looked / (time.perf_counter() - started)
+        got = 0
+        started = time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            catalog.get(_key(rng.randrange(rows)))
+            got += 1
+        single = got / (time.perf_counter() - started)
+    return batched, single
+
+
+def run(rows: int = 10_000_000, workdir: Path | None = None) -> list[str]:
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="bench-lookup-"))
+    path = workdir / "metadata.db"
+    build_seconds = build(path, rows)
+    size = os.path.getsize(path) + sum(
+        os.path.getsize(p) for p in workdir.glob("metadata.db-*") if p.exists()
+    )
+    batched, single = measure(path, rows)
+    for p in workdir.glob("metadata.db*"):
+        p.unlink()
+    return [
+        f"catalog of {rows:,} rows: built in {build_seconds:.0f} s, {size / 1e9:.2f} GB",
+        f"present() in batches of {BATCH} (half stored): {batched:,.0f} keys/s",
+        f"get() of one key: {single:,.0f} lookups/s",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    args = parser.parse_args()
+    for line in run(args.rows):
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
