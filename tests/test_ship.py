@@ -1,0 +1,169 @@
+"""Shipping, merging, CATALOG_SEEN, shards and time-based rollover, without Slurm."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from scrapy.exceptions import UsageError
+
+from crawler.archive import Fetch, read_any
+from crawler.catalog import Catalog
+from crawler.keys import request_key
+from crawler.seen import CatalogWithSeen, SeenCatalogs
+from crawler.ship import ShipError, Shipper, merge_shipped
+from crawler.store import Store, StoreConfig
+from spiders.site import in_shard, parse_shard
+from tests.checks import assert_rows_readable, rows_by_url
+from tests.conftest import run_crawl, write_urls
+
+
+def fetch(n: int) -> Fetch:
+    url = f"http://example.org/page/{n}"
+    return Fetch(
+        key=request_key(url),
+        url=url,
+        final_url=url,
+        method="GET",
+        request_headers=[("Host", "example.org")],
+        request_body=b"",
+        status=200,
+        response_headers=[("Content-Type", "text/html")],
+        body=f"<html>page {n}</html>".encode(),
+    )
+
+
+def shipped_catalog(shipper: Shipper) -> dict[str, object]:
+    with Catalog(shipper.catalog_path, readonly=True) as catalog:
+        return {row.url: row for row in catalog.rows()}
+
+
+def assert_readable(data: Path, rows: dict) -> None:
+    for row in rows.values():
+        assert read_any(data / row.archive, row.offset, row.length).body == row_body(row)
+
+
+def row_body(row) -> bytes:
+    return f"<html>page {row.url.rsplit('/', 1)[1]}</html>".encode()
+
+
+def test_shipper_ships_closed_archives_then_only_their_rows(tmp_path):
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    store = Store(StoreConfig(data_dir=local, rollover_bytes=1))  # one file per fetch
+    for n in range(3):
+        store.put(fetch(n))
+    store.archive.rollover_bytes = 1 << 30
+    for n in range(3, 5):
+        store.put(fetch(n))
+    store.batch.flush()  # rows 3 and 4 committed, their file still open
+    shipper = Shipper(local, shared, "job_1_0_p0")
+
+    first = shipper.ship()
+    assert len(first.archives) == 3 and first.rows == 3 and first.held_back == 2
+    rows = shipped_catalog(shipper)
+    assert sorted(rows) == [f"http://example.org/page/{n}" for n in range(3)]
+    assert_readable(shared, rows)
+    assert (shared / "catalogs" / "job_1_0_p0.fetch_log.jsonl").exists() is False  # no log
+
+    store.close()
+    second = shipper.ship()
+    assert len(second.archives) == 1  # the three shipped before are not copied again
+    rows = shipped_catalog(shipper)
+    assert len(rows) == 5
+    assert_readable(shared, rows)
+    leftovers = [p.name for p in shared.rglob(".*")] + [p.name for p in local.glob(".ship-*")]
+    assert leftovers == []
+
+
+def test_merge_folds_shipped_catalogs_into_the_shared_one(tmp_path):
+    shared = tmp_path / "shared"
+    for task in range(2):
+        local = tmp_path / f"local{task}"
+        store = Store(StoreConfig(data_dir=local, prefix=f"job_1_{task}_p0"))
+        for n in range(task * 10, task * 10 + 4):
+            store.put(fetch(n))
+        store.close()
+        Shipper(local, shared, f"job_1_{task}_p0").ship()
+    # Same prefix, same second, same pid: same name. Never overwritten.
+    store = Store(StoreConfig(data_dir=tmp_path / "clash", prefix="job_1_0_p0"))
+    store.put(fetch(99))
+    store.close()
+    with pytest.raises(ShipError, match="exists already"):
+        Shipper(tmp_path / "clash", shared, "job_1_9_p0").ship()
+    assert merge_shipped(shared) == 8
+    assert merge_shipped(shared) == 8  # again, with metadata.db among the inputs
+    rows = rows_by_url(shared)
+    assert len(rows) == 8
+    assert_readable(shared, rows)
+
+
+def test_seen_catalogs_skip_what_exists_and_ignore_missing_archives(tmp_path):
+    shared = tmp_path / "shared"
+    local = tmp_path / "local"
+    store = Store(StoreConfig(data_dir=local, rollover_bytes=1))
+    for n in range(4):
+        store.put(fetch(n))
+    store.close()
+    shipper = Shipper(local, shared, "job_1_0_p0")
+    shipper.ship()
+    lost = shipped_catalog(shipper)["http://example.org/page/3"]
+    (shared / lost.archive).unlink()  # e.g. a file a user deleted
+
+    seen = SeenCatalogs([str(shared / "metadata.db"), str(shared / "catalogs" / "*.db")])
+    own = Catalog(tmp_path / "own" / "metadata.db")
+    catalog = CatalogWithSeen(own, seen)
+    try:
+        keys = [fetch(n).key for n in range(6)]
+        assert catalog.present(keys) == set(keys[:3])
+        assert seen.absent_rows == 1
+        row = catalog.get(keys[1])
+        assert Path(row.archive).is_absolute()  # readable from any data directory
+        assert read_any(Path(row.archive), row.offset, row.length).body == row_body(row)
+        assert catalog.get(keys[3]) is None and catalog.get(keys[5]) is None
+    finally:
+        catalog.close()
+    assert not Path(seen._path).exists()
+
+
+def test_shards_partition_the_list():
+    keys = [request_key(f"http://example.org/p/{n}") for n in range(200)]
+    for count in (1, 3, 7):
+        owners = [[i for i in range(count) if in_shard(k, (i, count))] for k in keys]
+        assert all(len(o) == 1 for o in owners)
+    assert parse_shard("2/5") == (2, 5) and parse_shard(None) is None
+    for bad in ("5/5", "x/2", "1", "-1/3"):
+        with pytest.raises(UsageError):
+            parse_shard(bad)
+
+
+def test_time_rollover_closes_files_after_their_rows_commit(tmp_path):
+    store = Store(StoreConfig(data_dir=tmp_path, rollover_seconds=0.2, flush_seconds=60))
+    store.put(fetch(1))
+    store.tick()
+    assert list((tmp_path / "archive").glob("*.open"))  # not yet
+    time.sleep(0.3)
+    store.tick()
+    assert not list((tmp_path / "archive").glob("*.open"))
+    closed = list((tmp_path / "archive").glob("*.warc.gz"))
+    assert len(closed) == 1
+    with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+        assert [r.archive for r in catalog.rows()] == [f"archive/{closed[0].name}"]
+    store.close()
+
+
+def test_crawls_skip_what_other_catalogs_hold_whatever_the_shards(site, tmp_path):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(300, 330)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    # Two tasks of a 2-way split, then the whole list split 3 ways: nothing refetched.
+    for i in range(2):
+        done = run_crawl(url_file, tmp_path / f"two{i}", "-a", f"shard={i}/2")
+        assert done.returncode == 0, done.stderr
+    assert sum(len(rows_by_url(tmp_path / f"two{i}")) for i in range(2)) == len(urls)
+    before = {u: site.counts[u.split(site.base_url)[1]] for u in urls}
+    seen = f"CATALOG_SEEN={tmp_path}/two*/metadata.db"
+    done = run_crawl(url_file, tmp_path / "three0", "-a", "shard=0/3", "-s", seen)
+    assert done.returncode == 0, done.stderr
+    assert {u: site.counts[u.split(site.base_url)[1]] for u in urls} == before
+    assert rows_by_url(tmp_path / "three0") == {}
+    assert_rows_readable(tmp_path / "two0", site)
