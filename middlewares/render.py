@@ -1,0 +1,350 @@
+"""Sends the requests that need JavaScript to a browser (scrapy-playwright); the rest
+stay on Scrapy's downloader.
+
+A request is rendered when its meta says so (``meta["render"]``: true, or a wait
+spec), when its URL matches ``RENDER_URL_PATTERNS``, or when the spider has a true
+``render`` attribute (``-a render=1``). ``addons/render.py`` installs this middleware
+and scrapy-playwright's download handlers only when rendering is on.
+
+For each rendered request this middleware sets scrapy-playwright's meta keys: the page
+methods that wait (``Wait``) and then capture the main document's raw answer (status,
+headers, body as the server sent them) into ``meta["render_source"]``, and the browser
+context: one shared context, or with a proxy lease one context per lease, created with
+the lease's proxy and closed once the lease is rotated or banned. The archive middleware
+stores the raw answer as the ``response`` record and the rendered DOM (the body the
+spider parses) as a ``conversion`` record, which the catalog row points at.
+
+Request meta keys: ``render`` (bool or wait spec), ``render_wait`` (wait spec),
+``render_page_methods`` (scrapy-playwright ``PageMethod``s run after the wait, e.g. a
+click; the DOM is taken after them).
+Stats: ``render/requests``, ``render/responses``, ``render/errors/<type>``,
+``render/contexts_closed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from functools import partial
+from urllib.parse import unquote, urlsplit
+
+from scrapy import Request, signals
+from scrapy.exceptions import NotConfigured
+from scrapy.http import Response, TextResponse
+from scrapy.utils.defer import deferred_from_coro
+
+from crawler import signals as crawler_signals
+from crawler.archive import ORIG_PREFIX, Fetch
+from crawler.render import RenderConfig, RenderConfigError, Wait, flag
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CONTEXT = "render"
+_HIDDEN_REQUEST_HEADERS = {"proxy-authorization", "authorization"}
+# The meta key that marks an attempt this middleware sent to the browser (popped once).
+_META_CONTEXT = "_render_context"
+
+
+class RenderMiddleware:
+    def __init__(self, crawler):
+        try:
+            self.config = RenderConfig.from_settings(crawler.settings, crawler.spider)
+        except RenderConfigError as exc:
+            raise NotConfigured(str(exc)) from exc
+        if not self.config.enabled:
+            raise NotConfigured(
+                "rendering is off (RENDER_ENABLED, RENDER_URL_PATTERNS, -a render=1)"
+            )
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.render_all = flag(getattr(crawler.spider, "render", False))
+        self.inflight: Counter[str] = Counter()
+        self.lease_contexts: set[str] = set()
+        self._proxy_mw = None
+
+    @classmethod
+    def from_crawler(cls, crawler) -> RenderMiddleware:
+        mw = cls(crawler)
+        crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
+        return mw
+
+    def spider_opened(self) -> None:
+        from middlewares.proxy_lease import ProxyLeaseMiddleware
+
+        for mw in self.crawler.engine.downloader.middleware.middlewares:
+            if isinstance(mw, ProxyLeaseMiddleware):
+                self._proxy_mw = mw
+        how = "every request" if self.render_all else "chosen requests"
+        logger.info("Rendering %s with Chromium (%s)", how, self._browser_name())
+
+    def _browser_name(self) -> str:
+        launch = self.crawler.settings.getdict("PLAYWRIGHT_LAUNCH_OPTIONS")
+        return launch.get("executable_path") or "Playwright's own"
+
+    # -- choosing --------------------------------------------------------------------
+
+    def wait_for(self, request: Request) -> Wait | None:
+        """How to render ``request``, or None to leave it to Scrapy's downloader."""
+        meta = request.meta
+        if meta.get("dont_obey_robotstxt") and request.url.endswith("/robots.txt"):
+            return None
+        if urlsplit(request.url).scheme not in ("http", "https"):
+            return None
+        chosen, spec = _meta_choice(meta.get("render"))
+        if chosen is False:
+            return None
+        pattern_wait = self.config.wait_for(request.url)
+        if not (chosen or pattern_wait or self.render_all):
+            return None
+        spec = meta.get("render_wait", spec)
+        if spec is not None:
+            return Wait.parse(spec)
+        return pattern_wait or self.config.wait
+
+    # -- downloader middleware -------------------------------------------------------
+
+    def process_request(self, request: Request) -> None:
+        meta = request.meta
+        self._done(request)  # a retried copy still carries its previous attempt
+        try:
+            wait = self.wait_for(request)
+        except RenderConfigError as exc:
+            logger.error("%s: %s; fetching it without a browser", request, exc)
+            self.stats.inc_value("render/bad_wait")
+            wait = None
+        if wait is None:
+            return None  # Scrapy's downloader (or the spider's own playwright=True)
+        capture = MainDocumentCapture()
+        meta.pop("render_source", None)
+        meta["playwright"] = True
+        meta["playwright_page_event_handlers"] = {
+            "response": capture.on_response,
+            "crash": partial(self._on_crash, request),
+        }
+        meta["playwright_page_methods"] = [
+            _page_method(capture.wait, wait, self.config.timeout_ms),
+            *meta.get("render_page_methods", ()),
+            _page_method(capture.finish, meta),
+        ]
+        name, kwargs = self._context(request)
+        meta["playwright_context"] = name
+        meta["playwright_context_kwargs"] = kwargs
+        meta[_META_CONTEXT] = name
+        self.inflight[name] += 1
+        self.stats.inc_value("render/requests")
+        logger.debug("Rendering %s in context %s", request, name)
+        self._sweep()
+        return None
+
+    def process_response(self, request: Request, response: Response) -> Response:
+        if self._done(request) and "playwright" in response.flags:
+            self.stats.inc_value("render/responses")
+        return response
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        name = self._done(request)
+        if name is not None:
+            kind = type(exception).__name__
+            self.stats.inc_value(f"render/errors/{kind}")
+            logger.warning(
+                "Rendering %s failed in context %s: %s: %s",
+                request,
+                name,
+                kind,
+                str(exception).splitlines()[0] if str(exception) else "",
+            )
+        return None
+
+    def _done(self, request: Request) -> str | None:
+        """End this attempt's hold on its context (once); closes contexts no longer used."""
+        name = request.meta.pop(_META_CONTEXT, None)
+        if name is not None:
+            self.inflight[name] -= 1
+            self._sweep()
+        return name
+
+    async def _on_crash(self, request: Request, page) -> None:
+        """A crashed page is closed, so that whatever waits on it fails now and
+        scrapy-playwright renders the request again in a new page (RetryMiddleware
+        retries it if that fails too) instead of waiting for a timeout, or for ever."""
+        self.stats.inc_value("render/page_crashes")
+        logger.warning("Browser page crashed while rendering %s: closing it, retrying", request)
+        meta = request.meta
+        self.crawler.signals.send_catch_log(
+            crawler_signals.action,
+            url=meta.get("catalog_url", request.url),
+            key=meta.get("catalog_key"),
+            outcome="retry",
+            depth=meta.get("depth", 0),
+            attempt=meta.get("retry_times", 0) + 1,
+            error="browser page crashed",
+        )
+        try:
+            await page.close()
+        except Exception as exc:  # already closed
+            logger.debug("Closing a crashed page: %s", exc)
+
+    # -- contexts and proxy leases -------------------------------------------------------
+
+    def _context(self, request: Request) -> tuple[str, dict]:
+        meta = request.meta
+        proxy = meta.get("proxy")
+        if not proxy:
+            return DEFAULT_CONTEXT, {}
+        # The browser carries the proxy; Scrapy's HttpProxyMiddleware must not also add
+        # a Proxy-Authorization header (the browser would send it on to the site).
+        meta["render_proxy"] = meta.pop("proxy")
+        request.headers.pop(b"Proxy-Authorization", None)
+        lease_id = self._lease_id(request)
+        name = f"lease-{lease_id}" if lease_id is not None else f"proxy-{urlsplit(proxy).netloc}"
+        if lease_id is not None:
+            self.lease_contexts.add(name)
+        return name, {"proxy": browser_proxy(proxy)}
+
+    def _lease_id(self, request: Request) -> int | None:
+        from middlewares.proxy_lease import META_TOKEN
+
+        mw = self._proxy_mw
+        held = mw._attempts.get(request.meta.get(META_TOKEN)) if mw is not None else None
+        return held.lease.lease_id if held is not None else None
+
+    def _live_leases(self) -> set[str]:
+        mw = self._proxy_mw
+        if mw is None:
+            return set()
+        return {
+            f"lease-{h.lease.lease_id}"
+            for h in mw._leases.values()
+            if not (h.draining or h.lost or h.releasing)
+        }
+
+    def _sweep(self) -> None:
+        """Close the contexts of leases that were rotated, banned or lost, once idle."""
+        if not self.lease_contexts:
+            return
+        live = self._live_leases()
+        for name in list(self.lease_contexts):
+            if name not in live and self.inflight[name] <= 0:
+                self.lease_contexts.discard(name)
+                del self.inflight[name]
+                deferred_from_coro(self._close_context(name))
+
+    async def _close_context(self, name: str) -> None:
+        handlers = self.crawler.engine.downloader.handlers._handlers.values()
+        closed = 0
+        for handler in handlers:
+            wrapper = getattr(handler, "context_wrappers", {}).get(name)
+            if wrapper is not None:
+                try:
+                    await wrapper.context.close()
+                    closed += 1
+                except Exception as exc:  # the browser may be gone already
+                    logger.debug("Closing browser context %s: %s", name, exc)
+        if closed:
+            self.stats.inc_value("render/contexts_closed", closed)
+            logger.info("Closed browser context %s: its proxy lease ended", name)
+
+
+def _meta_choice(value) -> tuple[bool | None, str | dict | None]:
+    """``meta["render"]`` as (render it?, wait spec): None leaves it to the settings."""
+    if value is None:
+        return None, None
+    if isinstance(value, bool | int):
+        return bool(value), None
+    if isinstance(value, str) and value.strip().lower() in _FLAGS:
+        return flag(value), None
+    return True, value
+
+
+_FLAGS = {"0", "1", "true", "false", "yes", "no", "on", "off"}
+
+
+def browser_proxy(url: str) -> dict:
+    """Playwright's ``proxy`` option for a proxy URL (credentials apart)."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    out = {"server": f"{parts.scheme}://{parts.hostname}:{parts.port or 80}"}
+    if parts.username:
+        out["username"] = unquote(parts.username)
+        out["password"] = unquote(parts.password or "")
+    return out
+
+
+def _page_method(method, *args, **kwargs):
+    from scrapy_playwright.page import PageMethod
+
+    return PageMethod(method, *args, **kwargs)
+
+
+class MainDocumentCapture:
+    """Keeps the main frame's last navigation response; after the wait, copies what
+    the server sent (status, headers, body, and the browser's request headers) into
+    ``meta["render_source"]`` (None when the page had no such response)."""
+
+    def __init__(self) -> None:
+        self.response = None
+
+    def on_response(self, response) -> None:
+        if response.request.is_navigation_request() and response.frame.parent_frame is None:
+            self.response = response
+
+    async def wait(self, page, wait: Wait, timeout_ms: int) -> None:
+        """The wait condition; none on an error page (a 403 from a proxy, a 404), which
+        would never meet it: it is handed over as it is, at once."""
+        if self.response is not None and self.response.status >= 400:
+            return
+        if wait.selector:
+            await page.wait_for_selector(wait.selector, state="attached", timeout=timeout_ms)
+        if wait.network_idle:
+            await page.wait_for_load_state("networkidle", timeout=timeout_ms)
+        if wait.timeout_ms:
+            await page.wait_for_timeout(wait.timeout_ms)
+
+    async def finish(self, page, meta: dict) -> None:
+        response = self.response
+        if response is None:
+            meta["render_source"] = None
+            return
+        meta["render_source"] = {
+            "url": response.url,
+            "status": response.status,
+            "headers": [(h["name"], h["value"]) for h in await response.headers_array()],
+            "body": await response.body(),
+            "request_headers": [
+                (h["name"], h["value"]) for h in await response.request.headers_array()
+            ],
+        }
+
+
+def rendered_fetch(key: str, request: Request, response: Response) -> Fetch:
+    """The archive's Fetch of a rendered page: the server's answer plus the DOM."""
+    meta = request.meta
+    source = meta.get("render_source")
+    rendered = response.body
+    if isinstance(response, TextResponse):
+        rendered_type = f"text/html; charset={response.encoding}"
+    else:
+        rendered_type = response.headers.get("Content-Type", b"text/html").decode("latin-1")
+    if source is None:  # nothing captured: store the DOM as the answer
+        source = {"url": response.url, "status": response.status, "body": rendered}
+        source["headers"] = [("Content-Type", rendered_type)]
+        source["request_headers"] = []
+        rendered = None
+    return Fetch(
+        key=key,
+        url=meta.get("catalog_url", request.url),
+        final_url=source["url"],
+        method=request.method,
+        request_headers=[
+            (n, v) for n, v in source["request_headers"] if n.lower() not in _HIDDEN_REQUEST_HEADERS
+        ],
+        request_body=request.body,
+        status=source["status"],
+        # The browser hands over decoded bodies, as Scrapy does.
+        response_headers=[
+            (ORIG_PREFIX + n if n.lower() == "content-encoding" else n, v)
+            for n, v in source["headers"]
+        ],
+        body=source["body"],
+        rendered_body=rendered,
+        rendered_type=rendered_type,
+    )
