@@ -10,6 +10,7 @@ SECTIONS = [
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),
     ("Re-parse and random access", "benchmarks.bench_reparse"),
+    ("JS rendering (Chromium, 200 pages)", "benchmarks.bench_render"),
 ]
 
 

@@ -33,6 +33,13 @@ ARCHIVE_GLOB = "*.warc.gz"
 KEY_HEADER = "X-Crawl-Key"
 REQUESTED_URI_HEADER = "X-Crawl-Requested-URI"
 METHOD_HEADER = "X-Crawl-Method"
+# A rendered page (middlewares/render.py): its response record says a conversion record
+# (the DOM the browser rendered) follows; the conversion record carries the status and
+# validators of the response, and gets the catalog row.
+RENDERED_HEADER = "X-Crawl-Rendered"
+STATUS_HEADER = "X-Crawl-Status"
+ETAG_HEADER = "X-Crawl-ETag"
+LAST_MODIFIED_HEADER = "X-Crawl-Last-Modified"
 REVISIT_PROFILE = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
 # Headers that no longer describe the stored payload once Scrapy decoded it; the
 # server's values are kept under this prefix (the convention replay tools know).
@@ -64,6 +71,9 @@ class Fetch:
     response_headers: Headers
     body: bytes
     fetched_at: float = field(default_factory=time.time)
+    # What a browser rendered from ``body`` (the DOM the spider parsed), if it did.
+    rendered_body: bytes | None = None
+    rendered_type: str = "text/html; charset=utf-8"
 
 
 @dataclass
@@ -143,11 +153,15 @@ class RollingFile:
         data_dir: str | os.PathLike,
         prefix: str = "crawl",
         rollover_bytes: int = 1_000_000_000,
+        rollover_seconds: float = 0.0,
     ):
         self.directory = Path(directory)
         self.data_dir = Path(data_dir)
         self.prefix = prefix
         self.rollover_bytes = rollover_bytes
+        # A file also rolls over this long after it was opened (0: by size only), so
+        # that closed files can be shipped while a slow crawl runs.
+        self.rollover_seconds = rollover_seconds
         self.directory.mkdir(parents=True, exist_ok=True)
         self._file: io.BufferedWriter | None = None
         self._seq = 0
@@ -170,6 +184,7 @@ class RollingFile:
         self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}{self.suffix}"
         self._file = open(self.path.with_name(self.name + OPEN_SUFFIX), "xb")
         self.size = 0
+        self._opened_at = time.monotonic()
         self._started()
 
     def _started(self) -> None:
@@ -185,7 +200,12 @@ class RollingFile:
                 os.fsync(self._file.fileno())
 
     def needs_rollover(self) -> bool:
-        return self._file is not None and self.size >= self.rollover_bytes
+        if self._file is None:
+            return False
+        return self.size >= self.rollover_bytes or (
+            self.rollover_seconds > 0
+            and time.monotonic() - self._opened_at >= self.rollover_seconds
+        )
 
     def close(self) -> Path | None:
         """Finish, flush, fsync and rename the open file to its closed name."""
@@ -215,8 +235,9 @@ class ArchiveWriter(RollingFile):
         gzip_level: int = 1,
         compressor: str = "isal",
         software: str = "research-crawler",
+        rollover_seconds: float = 0.0,
     ):
-        super().__init__(directory, data_dir, prefix, rollover_bytes)
+        super().__init__(directory, data_dir, prefix, rollover_bytes, rollover_seconds)
         self.gzip_level = gzip_level
         self.compressor = compressor
         self.software = software
@@ -269,6 +290,7 @@ class ArchiveWriter(RollingFile):
                 KEY_HEADER: fetch.key,
                 REQUESTED_URI_HEADER: fetch.url,
                 METHOD_HEADER: fetch.method,
+                **({RENDERED_HEADER: "1"} if fetch.rendered_body is not None else {}),
             },
         )
         writer.write_record(response)
@@ -276,6 +298,8 @@ class ArchiveWriter(RollingFile):
         offset, length = self._append(buf.getvalue())
         self._append(self._request_record(fetch, date, response.rec_headers))
         self.records_written += 1
+        if fetch.rendered_body is not None:
+            return self._write_conversion(fetch, date, response.rec_headers)
         return Row(
             key=fetch.key,
             url=fetch.url,
@@ -291,6 +315,51 @@ class ArchiveWriter(RollingFile):
             length=length,
             payload_digest=digest,
             method=fetch.method,
+        )
+
+    def _write_conversion(self, fetch: Fetch, date: str, refers_to) -> Row:
+        """The rendered DOM as a ``conversion`` record of the response; its row."""
+        body = fetch.rendered_body
+        etag = header(fetch.response_headers, "ETag")
+        last_modified = header(fetch.response_headers, "Last-Modified")
+        warc_headers = {
+            "WARC-Date": date,
+            "WARC-Refers-To": refers_to.get_header("WARC-Record-ID"),
+            KEY_HEADER: fetch.key,
+            REQUESTED_URI_HEADER: fetch.url,
+            METHOD_HEADER: fetch.method,
+            STATUS_HEADER: str(fetch.status),
+            **({ETAG_HEADER: etag} if etag else {}),
+            **({LAST_MODIFIED_HEADER: last_modified} if last_modified else {}),
+        }
+        buf = io.BytesIO()
+        writer = WARCWriter(buf, gzip=False, warc_version="1.1")
+        record = writer.create_warc_record(
+            fetch.final_url,
+            "conversion",
+            payload=io.BytesIO(body),
+            length=len(body),
+            warc_content_type=fetch.rendered_type,
+            warc_headers_dict=warc_headers,
+        )
+        writer.write_record(record)
+        offset, length = self._append(buf.getvalue())
+        return Row(
+            key=fetch.key,
+            url=fetch.url,
+            final_url=fetch.final_url,
+            status=fetch.status,
+            content_type=fetch.rendered_type,
+            bytes=len(body),
+            etag=etag,
+            last_modified=last_modified,
+            fetched_at=date,
+            archive=self.relpath,
+            offset=offset,
+            length=length,
+            payload_digest=record.rec_headers.get_header("WARC-Payload-Digest"),
+            method=fetch.method,
+            rendered=1,
         )
 
     def _request_record(self, fetch: Fetch, date: str, concurrent_to) -> bytes:
@@ -426,6 +495,8 @@ def read_record(path: str | os.PathLike, offset: int, length: int) -> StoredReco
 
 
 def stored_record(record, body: bytes) -> StoredRecord:
+    if record.rec_type == "conversion":
+        return conversion_record(list(record.rec_headers.headers), body)
     http = record.http_headers
     return StoredRecord(
         url=record.rec_headers.get_header("WARC-Target-URI"),
@@ -433,6 +504,17 @@ def stored_record(record, body: bytes) -> StoredRecord:
         headers=list(http.headers) if http else [],
         body=body,
         warc_headers=list(record.rec_headers.headers),
+    )
+
+
+def conversion_record(warc_headers: Headers, body: bytes) -> StoredRecord:
+    """A rendered page as the spider saw it: the response's status, the DOM as body."""
+    return StoredRecord(
+        url=header(warc_headers, "WARC-Target-URI"),
+        status=int(header(warc_headers, STATUS_HEADER) or 200),
+        headers=[("Content-Type", header(warc_headers, "Content-Type") or "text/html")],
+        body=body,
+        warc_headers=warc_headers,
     )
 
 
@@ -452,7 +534,10 @@ def index_record(record, relpath: str, offset: int, length: int, out: Indexed) -
         return
     http = record.http_headers
     headers = list(http.headers) if http else []
-    if record.rec_type == "response":
+    if record.rec_type == "conversion":
+        out.rows.append(_conversion_row(record, key, relpath, offset, length))
+    elif record.rec_type == "response" and not rec.get_header(RENDERED_HEADER):
+        # (A rendered page's row points at its conversion record, written next.)
         out.rows.append(
             Row(
                 key=key,
@@ -480,6 +565,27 @@ def index_record(record, relpath: str, offset: int, length: int, out: Indexed) -
                 rec.get_header("WARC-Date"),
             )
         )
+
+
+def _conversion_row(record, key: str, relpath: str, offset: int, length: int) -> Row:
+    rec = record.rec_headers
+    return Row(
+        key=key,
+        url=rec.get_header(REQUESTED_URI_HEADER) or rec.get_header("WARC-Target-URI"),
+        final_url=rec.get_header("WARC-Target-URI"),
+        status=int(rec.get_header(STATUS_HEADER) or 200),
+        content_type=rec.get_header("Content-Type"),
+        bytes=int(rec.get_header("Content-Length") or 0),
+        etag=rec.get_header(ETAG_HEADER),
+        last_modified=rec.get_header(LAST_MODIFIED_HEADER),
+        fetched_at=rec.get_header("WARC-Date"),
+        archive=relpath,
+        offset=offset,
+        length=length,
+        payload_digest=rec.get_header("WARC-Payload-Digest"),
+        method=rec.get_header(METHOD_HEADER) or "GET",
+        rendered=1,
+    )
 
 
 def index_file(path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class CatalogError(Exception):
@@ -38,6 +38,9 @@ class Row:
     length: int
     payload_digest: str | None
     method: str = "GET"
+    # 1: the record is the DOM a browser rendered (a WARC conversion record), not the
+    # server's response; see middlewares/render.py.
+    rendered: int = 0
 
 
 COLUMNS = [f.name for f in fields(Row)]
@@ -62,6 +65,7 @@ MIGRATIONS: dict[int, str] = {
         method TEXT NOT NULL DEFAULT 'GET'
     ) WITHOUT ROWID;
     """,
+    2: "ALTER TABLE artifacts ADD COLUMN rendered INTEGER NOT NULL DEFAULT 0",
 }
 
 

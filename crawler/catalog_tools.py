@@ -434,7 +434,13 @@ EXPORT_FORMATS = ("parquet", "csv")
 def _arrow_schema():
     import pyarrow as pa
 
-    types = {"status": pa.int32(), "bytes": pa.int64(), "offset": pa.int64(), "length": pa.int64()}
+    types = {
+        "status": pa.int32(),
+        "bytes": pa.int64(),
+        "offset": pa.int64(),
+        "length": pa.int64(),
+        "rendered": pa.int8(),
+    }
     return pa.schema([(c, types.get(c, pa.string())) for c in COLUMNS])
 
 

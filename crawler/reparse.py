@@ -33,6 +33,7 @@ from crawler.archive import (
     ArchiveError,
     StoredRecord,
     TruncatedRecordError,
+    conversion_record,
     is_zip,
     parse_record,
     stored_record,
@@ -258,6 +259,8 @@ def _parse_warc(raw: bytes, where: str) -> StoredRecord:
         io.BytesIO(raw), parse_http=True, stream_detect=False, fsspec_args=False
     ):
         http = record.http_headers
+        if http is None and record.headers.get("WARC-Type") == "conversion":
+            return conversion_record(list(record.headers.astuples()), record.reader.read())
         if http is None:
             raise ArchiveError(f"{where}: record has no HTTP headers")
         return StoredRecord(

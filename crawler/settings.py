@@ -37,6 +37,12 @@ ARCHIVE_ENABLED = True
 CATALOG_BATCH_SIZE = 200
 CATALOG_FLUSH_SECONDS = 5.0
 ARCHIVE_ROLLOVER_BYTES = 1_000_000_000
+# Also roll over a file this many seconds after it opened (0: by size only), so that
+# closed files can be shipped while the crawl runs (slurm/crawl.sbatch sets it).
+ARCHIVE_ROLLOVER_SECONDS = 0
+# Glob patterns of other catalogs (read-only) whose URLs count as stored: a Slurm task
+# skips what the shared catalog or any task's shipped catalog holds (crawler/seen.py).
+CATALOG_SEEN = []
 ARCHIVE_PREFIX = "crawl"
 # Each record is its own gzip member. ISA-L (isal) at level 1 compresses 50 KB of HTML
 # in ~0.08 ms, as small as zlib's level 1 in a quarter of its time; zlib's level 6 takes
@@ -118,3 +124,28 @@ PROXY_POLL_SECONDS = 2.0
 PROXY_WAIT_LOG_SECONDS = 30.0
 
 FEED_EXPORT_ENCODING = "utf-8"
+
+# --- Rendering (addons/render.py, middlewares/render.py, crawler/render.py) ----------
+# Off unless asked for: RENDER_ENABLED, RENDER_URL_PATTERNS, or -a render=1 (the site
+# spider renders every request); then the add-on installs scrapy-playwright's download
+# handlers and the render middleware. A crawl that renders nothing starts no browser.
+ADDONS = {"addons.render.RenderAddon": 0}
+RENDER_ENABLED = False
+# Regexes of URLs to render: a list, or a dict of regex -> wait spec.
+RENDER_URL_PATTERNS = []
+# What to wait for after the load event before the DOM is taken: "load",
+# "networkidle", "selector=CSS", "timeout=MS", joined with "&". Per request:
+# meta["render"] = True or a wait spec, meta["render_wait"].
+RENDER_WAIT = "load"
+# Sub-resources the browser does not fetch.
+RENDER_BLOCK_RESOURCES = ["image", "media", "font"]
+# Pages open at once per browser context, and contexts (one shared, plus one per proxy
+# lease); seconds a navigation or wait may take.
+RENDER_MAX_PAGES = 4
+RENDER_MAX_CONTEXTS = 8
+RENDER_TIMEOUT = 30.0
+# A visible browser window (run the crawl under `xvfb-run -a` on a machine without a display).
+RENDER_HEADED = False
+# Chromium binary (also the CHROMIUM_PATH environment variable); unset: Playwright's own
+# browser if installed, else Debian's /usr/lib/chromium/chromium.
+CHROMIUM_PATH = None

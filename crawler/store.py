@@ -53,6 +53,7 @@ class StoreConfig:
     compressor: str = "isal"
     batch_size: int = 200
     flush_seconds: float = 5.0
+    rollover_seconds: float = 0.0
     format: str = "warc"  # or "zip" (crawler/ziparchive.py)
 
     @property
@@ -158,7 +159,11 @@ class Store:
     def __init__(self, config: StoreConfig):
         self.config = config
         self.catalog = Catalog(config.catalog_path)
-        common = dict(prefix=config.prefix, rollover_bytes=config.rollover_bytes)
+        common = dict(
+            prefix=config.prefix,
+            rollover_bytes=config.rollover_bytes,
+            rollover_seconds=config.rollover_seconds,
+        )
         if config.format == "zip":
             self.archive = ZipArchiveWriter(config.archive_dir, config.data_dir, **common)
         else:
@@ -205,9 +210,13 @@ class Store:
             self.archive.close()
 
     def tick(self) -> None:
-        """Commit a batch whose time is up (call it when idle)."""
-        if self.batch.due():
+        """Commit a batch whose time is up, and roll over a file whose time is up
+        (call it when idle)."""
+        if self.batch.due() or not self.batch.pending:
+            # With nothing pending this only restarts the clock, so that an idle writer
+            # sleeps a full CATALOG_FLUSH_SECONDS between ticks instead of spinning.
             self.batch.flush()
+        self._maybe_roll()
 
     def close(self) -> dict:
         self.batch.flush()

@@ -183,8 +183,11 @@ class ZipArchiveWriter(RollingFile):
         prefix: str = "crawl",
         rollover_bytes: int = 1_000_000_000,
         gzip_level: int = 6,
+        rollover_seconds: float = 0.0,
     ):
-        super().__init__(directory, data_dir, prefix, min(rollover_bytes, MAX_BYTES))
+        super().__init__(
+            directory, data_dir, prefix, min(rollover_bytes, MAX_BYTES), rollover_seconds
+        )
         self.level = gzip_level
         self._entries: list[Entry] = []
 

@@ -17,6 +17,8 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
     /robots.txt           Disallow: /private/
     /product/N.html       a shop's product page (the ``products`` example spider)
     /sitemap.xml          an XML sitemap of the first pages
+    /js/N                 a page whose title, text and links appear only after JavaScript
+                          runs (?delay=MS: after that pause); its image is /img/N.png
 
 Run it: ``python -m demo.site --pages 3000 --port 8000``.
 """
@@ -232,6 +234,24 @@ class DemoSite:
             },
         )
 
+    def _js_page(self, n: int, delay_ms: int = 0) -> Answer:
+        """A page that is empty until its script runs (the tests' rendering target)."""
+        script = (
+            "setTimeout(function () {"
+            f"document.title = 'JS page {n}';"
+            "var c = document.getElementById('content');"
+            f"c.innerHTML = '<h1>Rendered {n}</h1><p class=\"js\">made by script</p>'"
+            f" + '<a href=\"/js/{(n + 1) % self.pages}\">next</a>';"
+            "c.setAttribute('data-ready', '1');"
+            f"}}, {delay_ms});"
+        )
+        body = (
+            "<!DOCTYPE html><html><head><title></title></head><body>"
+            f"<div id='content'></div><img src='/img/{n}.png'>"
+            f"<script>{script}</script></body></html>"
+        ).encode()
+        return Answer(200, body, {"Content-Type": "text/html; charset=utf-8"})
+
     def _route(self, kind, n, version, seen, query, route) -> Answer:
         if route == "/":
             links = "".join(
@@ -258,6 +278,8 @@ class DemoSite:
         if kind == "product" and 0 <= n < self.pages:
             body = self.product_html(n, version)
             return Answer(200, body, {"Content-Type": "text/html; charset=utf-8"})
+        if kind == "js":
+            return self._js_page(n, int(query.get("delay", ["0"])[0]))
         if kind == "latin1":
             return self._page(n, version, encoding="latin-1")
         if kind == "slow":

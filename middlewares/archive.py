@@ -33,7 +33,9 @@ from crawler.archive import MAX_LEVEL, ArchiveError, Fetch, read_any, resolve
 from crawler.catalog import Catalog, CatalogError
 from crawler.keys import request_key
 from crawler.responses import build_response
+from crawler.seen import with_seen
 from crawler.store import DataDirLock, StoreConfig, StoreError, WriterProcess, recover
+from middlewares.render import rendered_fetch
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class StorageSettings:
                 compressor=compressor,
                 batch_size=batch_size,
                 flush_seconds=settings.getfloat("CATALOG_FLUSH_SECONDS"),
+                rollover_seconds=settings.getfloat("ARCHIVE_ROLLOVER_SECONDS"),
                 format=archive_format(settings),
             ),
         )
@@ -113,6 +116,7 @@ class ArchiveMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         self.config = StorageSettings.from_settings(crawler.settings)
+        self.seen_patterns = crawler.settings.getlist("CATALOG_SEEN")
         self.revalidate = False
         self.catalog: Catalog | None = None
         self.writer: WriterProcess | None = None
@@ -150,7 +154,9 @@ class ArchiveMiddleware:
                 )
                 self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
             Catalog(config.catalog_path).close()  # creates or migrates it
-            self.catalog = Catalog(config.catalog_path, readonly=True)
+            self.catalog = with_seen(
+                Catalog(config.catalog_path, readonly=True), self.seen_patterns
+            )
             self.log = ActionLog(config.action_log_path)
             self.writer = WriterProcess(config, queue_bytes=self.config.queue_bytes)
         except (StoreError, CatalogError, OSError) as exc:
@@ -360,6 +366,8 @@ class ArchiveMiddleware:
 
     def _fetch(self, request: Request, response: Response) -> Fetch:
         meta = request.meta
+        if "render_source" in meta:
+            return rendered_fetch(self.key_for(request), request, response)
         return Fetch(
             key=self.key_for(request),
             url=meta.get("catalog_url", request.url),

@@ -256,3 +256,17 @@ def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir
         other = DataDirLock(data_dir / ".lock")
         lock.acquire()
         other.acquire()
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a\n\n# c\nb\n", "# x\na\nb", "\n\na\r\n\r\nb\r\n", "a\n" * 3, "", "\n", "x\n" * 300_000],
+)
+def test_url_list_count_equals_its_entries(tmp_path, text):
+    from spiders.site import UrlList
+
+    path = tmp_path / "urls.txt"
+    path.write_bytes(text.encode())
+    urls = UrlList(str(path))
+    counted = urls.count()
+    assert counted == sum(1 for _ in urls)  # iterating reads (and closes) the file
