@@ -217,6 +217,7 @@ def run(pages: int = 5000, big: int = 50000, workdir: Path | None = None) -> lis
             ("(b) storage stack", ["runspider", bare, "-a", f"urls={urls}", "-s", f"DATA_DIR={data}"], ROOT, pages),
             ("(c) Scrapy HTTP cache", ["runspider", bare, "-a", f"urls={urls}", "-s", "ARCHIVE_ENABLED=0", "-s", "HTTPCACHE_ENABLED=1", "-s", f"HTTPCACHE_DIR={workdir / 'httpcache'}"], ROOT, pages),
             ("(d) warm re-run of (b)", ["runspider", bare, "-a", f"urls={urls}", "-s", f"DATA_DIR={data}"], ROOT, pages),
+            (f"(a) bare, project settings, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", "ARCHIVE_ENABLED=0"], ROOT, big),
             (f"(b) storage stack, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", f"DATA_DIR={workdir / 'data-big'}"], ROOT, big),
             (f"(d) warm re-run, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", f"DATA_DIR={workdir / 'data-big'}"], ROOT, big),
         ]  # fmt: skip
@@ -227,14 +228,15 @@ def run(pages: int = 5000, big: int = 50000, workdir: Path | None = None) -> lis
 
 
 def report(results: list[Result], pages: int) -> list[str]:
-    base = results[0].rate
+    # Each run is compared with the bare run (a) over the same number of URLs.
+    bare = {r.pages: r.rate for r in results if r.name.startswith("(a)")}
     lines = [
-        f"{'run':38} {'pages/s':>9} {'CPU ms/page':>12} {'peak RSS MB':>12} {'ratio to (a)':>13}",
+        f"{'run':44} {'pages/s':>9} {'CPU ms/page':>12} {'peak RSS MB':>12} {'ratio to (a)':>13}",
     ]
     for r in results:
         lines.append(
-            f"{r.name:38} {r.rate:9.0f} {1000 * r.cpu_seconds / r.pages:12.2f} "
-            f"{r.peak_rss / 1e6:12.0f} {r.rate / base:13.2f}"
+            f"{r.name:44} {r.rate:9.0f} {1000 * r.cpu_seconds / r.pages:12.2f} "
+            f"{r.peak_rss / 1e6:12.0f} {r.rate / bare[r.pages]:13.2f}"
         )
     for r in results:
         if r.skip_rate:

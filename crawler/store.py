@@ -17,6 +17,7 @@ import fcntl
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 import traceback
@@ -37,6 +38,7 @@ from crawler.ziparchive import ZipArchiveWriter, repair_open_zip
 
 logger = logging.getLogger(__name__)
 
+CHECK_EVERY = 64
 F_SETPIPE_SZ = 1031  # Linux; not exported by the fcntl module before Python 3.10 on all builds
 
 
@@ -306,6 +308,7 @@ class WriterProcess:
         atexit.register(self._send.close)
         self.error: str | None = None
         self.summary: dict | None = None
+        self._sent = 0
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -329,9 +332,13 @@ class WriterProcess:
             raise StoreError(self.error)
 
     def _send_msg(self, msg) -> None:
-        self._check()
+        # An error is looked for every CHECK_EVERY messages (a poll is a system call);
+        # a writer that died meanwhile makes the send itself fail.
+        self._sent += 1
+        if self._sent % CHECK_EVERY == 0 or self.error is not None:
+            self._check()
         try:
-            self._send.send(msg)
+            self._send.send_bytes(pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL))
         except (BrokenPipeError, OSError):
             self._check()
             raise StoreError(
