@@ -12,7 +12,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 SCHEMA_VERSION = 2
@@ -251,7 +251,8 @@ class BatchWriter:
         return len(self._upserts) + len(self._touches)
 
     def upsert(self, row: Row) -> None:
-        self._upserts.append(astuple(row))
+        # Not dataclasses.astuple: it deep-copies every field (60 us a row).
+        self._upserts.append(tuple(row.__dict__.values()))
         self._maybe_flush()
 
     def touch(self, key: str, etag: str | None, last_modified: str | None, fetched_at: str) -> None:
