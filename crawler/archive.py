@@ -216,7 +216,7 @@ class RollingFile:
         self._file.close()
         self._file = None
         os.rename(self.path.with_name(self.name + OPEN_SUFFIX), self.path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self.closed_files.append(self.path)
         return self.path
 
@@ -428,7 +428,8 @@ def _reason(status: int) -> str:
         return "Unknown"
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -645,7 +646,7 @@ def repair_open_file(open_path: Path, data_dir: Path) -> Repair:
             f.truncate(good_end)
             os.fsync(f.fileno())
     os.rename(open_path, closed)
-    _fsync_dir(closed.parent)
+    fsync_dir(closed.parent)
     return Repair(closed, records, size - good_end, cut_file, out)
 
 

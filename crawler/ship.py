@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.archive import ARCHIVE_GLOB
+from crawler.archive import ARCHIVE_GLOB, fsync_dir
 from crawler.catalog_tools import catalog_stats, merge_catalogs
 from crawler.seen import SHIPPED_DIR
 
@@ -39,14 +39,6 @@ ACTION_LOG_NAME = "fetch_log.jsonl"
 
 class ShipError(Exception):
     """Shipping to shared storage failed."""
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def copy_atomic(src: Path, dest: Path) -> None:

@@ -37,7 +37,7 @@ from crawler.archive import (
     RollingFile,
     StoredRecord,
     TruncatedRecordError,
-    _fsync_dir,
+    fsync_dir,
     header,
     payload_headers,
     warc_date,
@@ -472,5 +472,5 @@ def repair_open_zip(open_path: Path, data_dir: Path) -> Repair:
         f.flush()
         os.fsync(f.fileno())
     os.rename(open_path, closed)
-    _fsync_dir(closed.parent)
+    fsync_dir(closed.parent)
     return Repair(closed, len(entries), size - good_end if cut_file else 0, cut_file, out)

@@ -33,9 +33,9 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import Response, TextResponse
 from scrapy.utils.defer import deferred_from_coro
 
-from crawler import signals as crawler_signals
 from crawler.archive import ORIG_PREFIX, Fetch
 from crawler.render import RenderConfig, RenderConfigError, Wait, flag
+from crawler.signals import send_action
 
 logger = logging.getLogger(__name__)
 
@@ -169,16 +169,7 @@ class RenderMiddleware:
         retries it if that fails too) instead of waiting for a timeout, or for ever."""
         self.stats.inc_value("render/page_crashes")
         logger.warning("Browser page crashed while rendering %s: closing it, retrying", request)
-        meta = request.meta
-        self.crawler.signals.send_catch_log(
-            crawler_signals.action,
-            url=meta.get("catalog_url", request.url),
-            key=meta.get("catalog_key"),
-            outcome="retry",
-            depth=meta.get("depth", 0),
-            attempt=meta.get("retry_times", 0) + 1,
-            error="browser page crashed",
-        )
+        send_action(self.crawler, request, "retry", error="browser page crashed")
         try:
             await page.close()
         except Exception as exc:  # already closed
