@@ -60,7 +60,8 @@ def show_catalog(data_dir: Path) -> None:
     )
     print(f"  action log     {data_dir / 'fetch_log.jsonl'}")
     print(
-        '\nTry: sqlite3 demo-data/metadata.db "select status, count(*) from artifacts group by 1"'
+        "\nMore: .venv/bin/scrapy catalog stats -s DATA_DIR=demo-data"
+        " (and make demo again resumes: nothing is fetched twice)"
     )
 
 
