@@ -5,15 +5,17 @@
 action = object()
 
 
-def send_action(crawler, request, outcome: str, **fields) -> None:
-    """Send :data:`action` for one attempt of ``request`` (url and key as listed)."""
+def attempt_fields(request) -> dict:
+    """What the action log says of one attempt of ``request`` (url and key as listed)."""
     meta = request.meta
-    crawler.signals.send_catch_log(
-        action,
-        url=meta.get("catalog_url", request.url),
-        key=meta.get("catalog_key"),
-        outcome=outcome,
-        depth=meta.get("depth", 0),
-        attempt=meta.get("retry_times", 0) + 1,
-        **fields,
-    )
+    return {
+        "url": meta.get("catalog_url", request.url),
+        "key": meta.get("catalog_key"),
+        "depth": meta.get("depth", 0),
+        "attempt": meta.get("retry_times", 0) + 1,
+    }
+
+
+def send_action(crawler, request, outcome: str, **fields) -> None:
+    """Send :data:`action` for one attempt of ``request``."""
+    crawler.signals.send_catch_log(action, outcome=outcome, **attempt_fields(request), **fields)

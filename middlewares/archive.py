@@ -34,6 +34,7 @@ from crawler.catalog import Catalog, CatalogError
 from crawler.keys import request_key
 from crawler.responses import build_response
 from crawler.seen import with_seen
+from crawler.signals import attempt_fields
 from crawler.store import DataDirLock, StoreConfig, StoreError, WriterProcess, recover
 from middlewares.render import rendered_fetch
 
@@ -235,14 +236,7 @@ class ArchiveMiddleware:
             fields["elapsed_ms"] = meta["download_latency"] * 1000
         if meta.get("proxy_label"):
             fields["proxy"] = meta["proxy_label"]
-        self.record_action(
-            meta.get("catalog_url", request.url),
-            meta.get("catalog_key"),
-            outcome,
-            depth=meta.get("depth", 0),
-            attempt=meta.get("retry_times", 0) + 1,
-            **fields,
-        )
+        self.record_action(outcome=outcome, **attempt_fields(request), **fields)
 
     # -- keys and the start-request fast path ---------------------------------------
 
@@ -301,7 +295,9 @@ class ArchiveMiddleware:
         meta["catalog_cached"] = row is not None
         if row is None:
             return None
-        if meta.get("catalog_revalidate", self.revalidate) and (row.etag or row.last_modified):
+        if meta.get("catalog_revalidate", self.revalidate):
+            if not (row.etag or row.last_modified):
+                return None  # no validators: fetch it again
             if row.etag:
                 request.headers["If-None-Match"] = row.etag
             if row.last_modified:
@@ -309,8 +305,6 @@ class ArchiveMiddleware:
             meta["catalog_revalidating"] = True
             meta["catalog_row"] = row
             return None
-        if meta.get("catalog_revalidate", self.revalidate):
-            return None  # no validators: fetch it again
         self.stats.inc_value("catalog/cache_hits")
         if meta.get("catalog_replay"):
             response = self._replay(request, row)
