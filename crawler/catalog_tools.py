@@ -8,7 +8,6 @@ is the source of truth: :class:`Rebuild` makes a catalog from it alone, and
 
 from __future__ import annotations
 
-import base64
 import csv
 import hashlib
 import io
@@ -31,6 +30,7 @@ from crawler.archive import (
     is_zip,
     iter_members,
     parse_record,
+    payload_digest,
     read_any,
     resolve,
 )
@@ -53,10 +53,6 @@ def archive_paths(data_dir: Path, warc_only: bool = False) -> list[Path]:
     if not warc_only:
         found += folder.glob("*.zip")
     return sorted(found)
-
-
-def payload_digest(body: bytes) -> str:
-    return "sha1:" + base64.b32encode(hashlib.sha1(body).digest()).decode("ascii")
 
 
 def _open_catalog(data_dir: Path) -> Catalog:

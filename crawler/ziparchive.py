@@ -13,8 +13,6 @@ partial entry and written the central directory.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import mimetypes
 import os
@@ -39,6 +37,7 @@ from crawler.archive import (
     TruncatedRecordError,
     fsync_dir,
     header,
+    payload_digest,
     payload_headers,
     warc_date,
 )
@@ -87,11 +86,6 @@ def extension(content_type: str | None) -> str:
     if not mime:
         return ".bin"
     return _EXTENSIONS.get(mime) or mimetypes.guess_extension(mime) or ".bin"
-
-
-def payload_digest(body: bytes) -> str:
-    """The digest WARC records carry: ``sha1:`` and base32."""
-    return "sha1:" + base64.b32encode(hashlib.sha1(body).digest()).decode("ascii")
 
 
 def _dos_time(ts: float) -> tuple[int, int]:
