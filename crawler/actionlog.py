@@ -32,9 +32,11 @@ class ActionLog:
         error: str | None = None,
         elapsed_ms: float | None = None,
         bytes: int | None = None,
+        ts: float | None = None,
         **extra,
     ) -> None:
-        now = time.time()
+        """Append one line; ``ts`` is when the attempt ended (default: now)."""
+        now = time.time() if ts is None else ts
         entry = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
             + f".{int(now % 1 * 1000):03d}Z",
