@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
+_encode = json.JSONEncoder(ensure_ascii=False).encode
 
 
 class ActionLog:
@@ -20,6 +21,10 @@ class ActionLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # The time of day is formatted once a second; a resumed crawl logs ~30,000
+        # cache hits a second.
+        self._second = -1
+        self._stamp = ""
 
     def write(
         self,
@@ -37,9 +42,12 @@ class ActionLog:
     ) -> None:
         """Append one line; ``ts`` is when the attempt ended (default: now)."""
         now = time.time() if ts is None else ts
+        second = int(now)
+        if second != self._second:
+            self._second = second
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         entry = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
-            + f".{int(now % 1 * 1000):03d}Z",
+            "ts": f"{self._stamp}.{int((now - second) * 1000):03d}Z",
             "url": url,
             "key": key,
             "attempt": attempt,
@@ -51,7 +59,7 @@ class ActionLog:
         }
         if extra:
             entry.update(extra)
-        os.write(self._fd, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+        os.write(self._fd, (_encode(entry) + "\n").encode("utf-8"))
 
     def close(self) -> None:
         if self._fd is not None:

@@ -11,14 +11,49 @@ URL a redirect ended at, so a resumed crawl recognises the URLs of its list.
 from __future__ import annotations
 
 import hashlib
+import re
 
 from w3lib.url import canonicalize_url
 
 _DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 
+# URLs that w3lib would return unchanged but for the order of their query arguments:
+# lowercase ASCII host, no escapes, no dot segments, no fragment. Most URLs of a crawl
+# look like this, and w3lib takes ~10 us on each (a quarter of what skipping a stored
+# URL costs); tests/test_keys.py checks this path against w3lib.
+_SIMPLE_URL = re.compile(
+    r"(https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::[1-9][0-9]{0,3})?)"
+    r"(/[A-Za-z0-9._~/-]*)?(?:\?([A-Za-z0-9._~=&-]*))?\Z"
+)
+
+
+def _simple_canonical(url: str) -> str | None:
+    match = _SIMPLE_URL.match(url)
+    if match is None:
+        return None
+    origin, path, query = match.groups()
+    if path is None:
+        path = "/"
+    elif "/." in path:
+        return None
+    if not query:
+        return origin + path
+    pairs = []
+    for piece in query.split("&"):
+        if not piece:
+            continue
+        name, eq, value = piece.partition("=")
+        if "=" in value:
+            return None
+        pairs.append((name, value))
+    if not pairs:
+        return origin + path
+    pairs.sort()
+    return f"{origin}{path}?" + "&".join(f"{name}={value}" for name, value in pairs)
+
 
 def canonical_url(url: str) -> str:
-    canon = canonicalize_url(url, keep_fragments=False)
+    canon = _simple_canonical(url) or canonicalize_url(url, keep_fragments=False)
     scheme, sep, rest = canon.partition("://")
     port = _DEFAULT_PORTS.get(scheme)
     if port:
