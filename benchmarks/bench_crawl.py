@@ -1,12 +1,16 @@
 """Crawl throughput of the storage stack against a bare crawl, on pages served by nginx.
 
-    python -m benchmarks.bench_crawl [--pages 5000] [--big 50000]
+    python -m benchmarks.bench_crawl [--pages 5000] [--big 50000] [--rounds 5]
 
 Runs, in one go, over the same pages: (a) a bare spider storing nothing with the
 project's settings, (a') the same spider with Scrapy's defaults, (b) the bare spider
 with the project's storage stack, (c) the bare spider with Scrapy's HTTP cache
 (FilesystemCacheStorage), (d) a warm re-run of (b) where everything is stored; then
-(b) and (d) again over a list ten times longer, for peak memory and skip speed.
+(a), (b) and (d) again over a list ten times longer, for peak memory and skip speed.
+
+(a) and (b) alternate for ``--rounds`` rounds and their medians are reported, with
+the ratio of each round: on a shared 2-core machine the speed of one run varies by
+10-20% from one minute to the next, more than the difference being measured.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -70,6 +74,8 @@ class Result:
     cpu_seconds: float
     peak_rss: int
     skip_rate: float | None = None  # cache hits/s, first hit to last (start-up excluded)
+    writer_cpu_seconds: float = 0.0  # part of cpu_seconds spent in the writer process
+    ratios: list[float] = field(default_factory=list)  # (b)/(a) of each round
 
     @property
     def rate(self) -> float:
@@ -180,6 +186,7 @@ def run_crawl(name: str, args: list[str], cwd: Path, pages: int) -> Result:
     if done != pages:
         raise RuntimeError(f"{name}: {done} pages handled, {pages} expected; see {log}")
     result = Result(name, pages, stats["elapsed_time_seconds"], cpu, peak)
+    result.writer_cpu_seconds = stats.get("archive/writer_cpu_seconds", 0.0)
     hits = stats.get("catalog/cache_hits", 0)
     if hits == pages:
         data_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("DATA_DIR=")))
@@ -195,7 +202,23 @@ def _stats(log: str) -> dict:
     return {k: v for k, v in ast.literal_eval(text).items() if not isinstance(v, tuple)}
 
 
-def run(pages: int = 5000, big: int = 50000, workdir: Path | None = None) -> list[str]:
+def median_of(runs: list[Result]) -> Result:
+    """The run of median speed, with the highest peak RSS of all."""
+    runs = sorted(runs, key=lambda r: r.rate)
+    mid = runs[len(runs) // 2]
+    return Result(
+        mid.name + (f", median of {len(runs)}" if len(runs) > 1 else ""),
+        mid.pages,
+        mid.seconds,
+        mid.cpu_seconds,
+        max(r.peak_rss for r in runs),
+        writer_cpu_seconds=mid.writer_cpu_seconds,
+    )
+
+
+def run(
+    pages: int = 5000, big: int = 50000, rounds: int = 5, workdir: Path | None = None
+) -> list[str]:
     workdir = Path(workdir or tempfile.mkdtemp(prefix="bench-crawl-"))
     (ROOT / "bench-data").mkdir(exist_ok=True)
     docroot = workdir / "site"
@@ -207,21 +230,33 @@ def run(pages: int = 5000, big: int = 50000, workdir: Path | None = None) -> lis
         urls.write_text("".join(f"{base}/p{n}.html\n" for n in range(pages)))
         many = workdir / "many.txt"
         many.write_text("".join(f"{base}/p{n % pages}.html?v={n}\n" for n in range(big)))
-        bare = str(ROOT / "benchmarks" / "bare.py")
-        data = workdir / "data"
+        bare = ["runspider", str(ROOT / "benchmarks" / "bare.py")]
         outside = workdir / "outside"
         outside.mkdir()
-        runs = [
-            ("(a) bare, project settings", ["runspider", bare, "-a", f"urls={urls}", "-s", "ARCHIVE_ENABLED=0"], ROOT, pages),
-            ("(a') bare, Scrapy defaults", ["runspider", bare, "-a", f"urls={urls}"], outside, pages),
-            ("(b) storage stack", ["runspider", bare, "-a", f"urls={urls}", "-s", f"DATA_DIR={data}"], ROOT, pages),
-            ("(c) Scrapy HTTP cache", ["runspider", bare, "-a", f"urls={urls}", "-s", "ARCHIVE_ENABLED=0", "-s", "HTTPCACHE_ENABLED=1", "-s", f"HTTPCACHE_DIR={workdir / 'httpcache'}"], ROOT, pages),
-            ("(d) warm re-run of (b)", ["runspider", bare, "-a", f"urls={urls}", "-s", f"DATA_DIR={data}"], ROOT, pages),
-            (f"(a) bare, project settings, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", "ARCHIVE_ENABLED=0"], ROOT, big),
-            (f"(b) storage stack, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", f"DATA_DIR={workdir / 'data-big'}"], ROOT, big),
-            (f"(d) warm re-run, {big:,} URLs", ["runspider", bare, "-a", f"urls={many}", "-s", f"DATA_DIR={workdir / 'data-big'}"], ROOT, big),
-        ]  # fmt: skip
-        results = [run_crawl(name, args, cwd, n) for name, args, cwd, n in runs]
+        no_store = ["-s", "ARCHIVE_ENABLED=0"]
+
+        def crawl(name, url_list, extra, n, cwd=ROOT):
+            return run_crawl(name, [*bare, "-a", f"urls={url_list}", *extra], cwd, n)
+
+        bare_runs, stored_runs = [], []
+        for i in range(rounds):
+            bare_runs.append(crawl("(a) bare, project settings", urls, no_store, pages))
+            data = workdir / f"data-{i}"
+            stored_runs.append(crawl("(b) storage stack", urls, ["-s", f"DATA_DIR={data}"], pages))
+        a, b = median_of(bare_runs), median_of(stored_runs)
+        b.ratios = [sb.rate / sa.rate for sa, sb in zip(bare_runs, stored_runs, strict=True)]
+        httpcache = ["-s", "HTTPCACHE_ENABLED=1", "-s", f"HTTPCACHE_DIR={workdir / 'httpcache'}"]
+        big_data = ["-s", f"DATA_DIR={workdir / 'data-big'}"]
+        results = [
+            a,
+            crawl("(a') bare, Scrapy defaults", urls, [], pages, cwd=outside),
+            b,
+            crawl("(c) Scrapy HTTP cache", urls, [*no_store, *httpcache], pages),
+            crawl("(d) warm re-run of (b)", urls, ["-s", f"DATA_DIR={data}"], pages),
+            crawl(f"(a) bare, project settings, {big:,} URLs", many, no_store, big),
+            crawl(f"(b) storage stack, {big:,} URLs", many, big_data, big),
+            crawl(f"(d) warm re-run, {big:,} URLs", many, big_data, big),
+        ]
     finally:
         nginx.stop()
     return report(results, pages)
@@ -231,13 +266,20 @@ def report(results: list[Result], pages: int) -> list[str]:
     # Each run is compared with the bare run (a) over the same number of URLs.
     bare = {r.pages: r.rate for r in results if r.name.startswith("(a)")}
     lines = [
-        f"{'run':44} {'pages/s':>9} {'CPU ms/page':>12} {'peak RSS MB':>12} {'ratio to (a)':>13}",
+        f"{'run':44} {'pages/s':>9} {'CPU ms/page':>12} {'of it writer':>13} "
+        f"{'peak RSS MB':>12} {'ratio to (a)':>13}",
     ]
     for r in results:
+        writer = f"{1000 * r.writer_cpu_seconds / r.pages:.2f}" if r.writer_cpu_seconds else "-"
         lines.append(
-            f"{r.name:44} {r.rate:9.0f} {1000 * r.cpu_seconds / r.pages:12.2f} "
+            f"{r.name:44} {r.rate:9.0f} {1000 * r.cpu_seconds / r.pages:12.2f} {writer:>13} "
             f"{r.peak_rss / 1e6:12.0f} {r.rate / bare[r.pages]:13.2f}"
         )
+    for r in results:
+        if r.ratios:
+            each = ", ".join(f"{x:.2f}" for x in r.ratios)
+            median = sorted(r.ratios)[len(r.ratios) // 2]
+            lines.append(f"{r.name}: (b)/(a) in each round {each}; median {median:.2f}")
     for r in results:
         if r.skip_rate:
             lines.append(f"{r.name}: skips {r.skip_rate:,.0f} stored URLs/s (start-up excluded)")
@@ -248,8 +290,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=5000)
     parser.add_argument("--big", type=int, default=50000)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of (a) then (b)")
     args = parser.parse_args()
-    for line in run(args.pages, args.big):
+    for line in run(args.pages, args.big, args.rounds):
         print(line, flush=True)
 
 
