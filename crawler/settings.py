@@ -77,7 +77,9 @@ DOWNLOADER_MIDDLEWARES = {
 }
 
 SPIDER_MIDDLEWARES = {
-    "middlewares.resume.ResumeSpiderMiddleware": 30,
+    # Next to the spider: a stored start request is dropped before Scrapy's own
+    # spider middlewares (referer, URL length, depth) spend time on it.
+    "middlewares.resume.ResumeSpiderMiddleware": 1010,
 }
 
 EXTENSIONS = {
