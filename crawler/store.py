@@ -18,6 +18,7 @@ import fcntl
 import io
 import logging
 import multiprocessing
+import operator
 import os
 import pickle
 import resource
@@ -255,12 +256,17 @@ class Store:
 _FRAME = struct.Struct("!IQ")
 
 
+# A fetch crosses as the tuple of its fields but the body: pickling a dataclass costs
+# twice as much, and a copy of it without the body as much again.
+_FETCH_FIELDS = tuple(f.name for f in dataclasses.fields(Fetch) if f.name != "body")
+_fetch_values = operator.attrgetter(*_FETCH_FIELDS)
+
+
 def _send_frame(fd: int, msg: tuple) -> None:
     body = b""
-    if msg[0] in ("put", "touch") and msg[1].body:
-        fetch = msg[1]
-        body = fetch.body
-        msg = (msg[0], dataclasses.replace(fetch, body=b""), *msg[2:])
+    if msg[0] in ("put", "touch"):
+        body = msg[1].body
+        msg = (msg[0], _fetch_values(msg[1]), *msg[2:])
     meta = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     parts = [_FRAME.pack(len(meta), len(body)), meta, body]
     total = _FRAME.size + len(meta) + len(body)
@@ -290,10 +296,13 @@ class _FrameReader:
         meta = bytearray(meta_len)
         self._read_into(memoryview(meta))
         msg = pickle.loads(meta)
+        body = b""
         if body_len:
             body = bytearray(body_len)
             self._read_into(memoryview(body))
-            msg[1].body = body
+        if msg[0] in ("put", "touch"):
+            fetch = Fetch(**dict(zip(_FETCH_FIELDS, msg[1], strict=True)), body=body)
+            msg = (msg[0], fetch, *msg[2:])
         return msg
 
 
