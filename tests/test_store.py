@@ -10,24 +10,10 @@ import threading
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from crawler.archive import Fetch, payload_digest, read_record, resolve
+from crawler.archive import payload_digest, read_record, resolve
 from crawler.catalog import Catalog
 from crawler.store import StoreConfig, WriterProcess, _FrameReader, _send_frame
-
-
-def fetch(key: str, body: bytes) -> Fetch:
-    return Fetch(
-        key=key,
-        url=f"http://example.org/{key}",
-        final_url=f"http://example.org/{key}",
-        method="GET",
-        request_headers=[("User-Agent", "t")],
-        request_body=b"",
-        status=200,
-        response_headers=[("Content-Type", "application/octet-stream")],
-        body=body,
-        fetched_at=1_700_000_000.5,
-    )
+from tests.test_archive import fetch
 
 
 def test_bodies_larger_than_the_pipe_are_stored_whole_with_their_log_lines(tmp_path):
