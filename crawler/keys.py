@@ -22,7 +22,7 @@ _DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # look like this, and w3lib takes ~10 us on each (a quarter of what skipping a stored
 # URL costs); tests/test_keys.py checks this path against w3lib.
 _SIMPLE_URL = re.compile(
-    r"(https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::[1-9][0-9]{0,3})?)"
+    r"(https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::([1-9][0-9]{0,4}))?)"
     r"(/[A-Za-z0-9._~/-]*)?(?:\?([A-Za-z0-9._~=&-]*))?\Z"
 )
 
@@ -31,7 +31,9 @@ def _simple_canonical(url: str) -> str | None:
     match = _SIMPLE_URL.match(url)
     if match is None:
         return None
-    origin, path, query = match.groups()
+    origin, port, path, query = match.groups()
+    if port and int(port) > 65535:
+        return None  # w3lib refuses it
     if path is None:
         path = "/"
     elif "/." in path:

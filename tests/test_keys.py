@@ -11,7 +11,7 @@ from crawler.keys import _simple_canonical, canonical_url, request_key
 
 # Pieces that look like the fast path's alphabet, and some that must leave it.
 HOSTS = ["a.com", "www.example.org", "127.0.0.1", "x-y.z9", "A.com", "a.com.", "-a.com", "a..b"]
-PORTS = ["", ":80", ":443", ":8080", ":0080", ":1", ":65535", ":99999"]
+PORTS = ["", ":80", ":443", ":8080", ":0080", ":1", ":65535", ":38123", ":65536", ":99999", ":1e3"]
 SEGMENTS = ["p", "P1.html", "a-b_c~d", "", ".", "..", ".x", "x.", "%41", "a b", "é", "a+b"]
 QUERY = ["a", "b", "A", "", "1", "~", "-", "_", ".", "=", "%20", "+", "é", ";", "/"]
 
@@ -48,6 +48,9 @@ def test_known_canonical_forms():
     assert canonical_url("https://a.com:443/p?&&x") == "https://a.com/p?x="
     assert canonical_url("http://A.com/./a/../b#f") == "http://a.com/b"
     assert canonical_url("http://a.com/p?a==b") == "http://a.com/p?a=%3Db"
+    # Ports above 9999 (what a test server gets from the OS) take the fast path too.
+    assert _simple_canonical("http://127.0.0.1:38123/p?v=2&a") == "http://127.0.0.1:38123/p?a=&v=2"
+    assert _simple_canonical("http://a.com:65536/p") is None
     # The documented rule, pinned: sha256 of the canonical URL for GET.
     expected = hashlib.sha256(b"http://a.com/p?a=1&b=2").hexdigest()
     assert request_key("http://a.com:80/p?b=2&a=1") == expected
