@@ -286,20 +286,20 @@ class ArchiveMiddleware:
         keys = [self.key_for(r) for r in requests]
         present = self.catalog.present(keys)
         out = []
-        hits = 0
+        hits = []
         for request, key in zip(requests, keys, strict=True):
             meta = request.meta
             meta["catalog_checked"] = True
             meta["catalog_cached"] = cached = key in present
             if cached and not self._wants_fetch_when_cached(request):
-                # The hot path of a resumed crawl: log here, count once per batch.
-                hits += 1
-                self.log.write(meta["catalog_url"], key, "cache_hit")
+                # The hot path of a resumed crawl: logged and counted once per batch.
+                hits.append((meta["catalog_url"], key))
             else:
                 out.append(request)
         if hits:
+            self.log.write_cache_hits(hits)
             for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
-                self.stats.inc_value(name, hits)
+                self._inc(name, len(hits))
         return out
 
     def _wants_fetch_when_cached(self, request: Request) -> bool:
