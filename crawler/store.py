@@ -11,21 +11,18 @@ is renamed to its closed name only after the rows pointing into it are committed
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import fcntl
 import io
 import logging
-import multiprocessing
 import operator
 import os
 import pickle
-import resource
-import signal
+import select
 import struct
-import time
-import traceback
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +42,8 @@ from crawler.ziparchive import ZipArchiveWriter, repair_open_zip
 logger = logging.getLogger(__name__)
 
 CHECK_EVERY = 64
+# The folder holding the ``crawler`` package, for the writer process's import path.
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 F_SETPIPE_SZ = 1031  # Linux; not exported by the fcntl module before Python 3.10 on all builds
 
 
@@ -278,8 +277,14 @@ def _send_frame(fd: int, msg: tuple) -> None:
             rest = rest[os.write(fd, rest) :]
 
 
+def _readable(fd: int, timeout: float | None = 0.0) -> bool:
+    """Whether ``fd`` has data (or its end) within ``timeout`` seconds."""
+    return bool(select.select([fd], [], [], timeout)[0])
+
+
 class _FrameReader:
     def __init__(self, fd: int):
+        self.fd = fd
         self._file = io.FileIO(fd, "rb", closefd=False)
 
     def _read_into(self, view: memoryview) -> None:
@@ -306,114 +311,72 @@ class _FrameReader:
         return msg
 
 
-def _yield_to_crawl() -> None:
-    """Let the crawl have the CPU when both want it.
-
-    The crawl is bound by its one thread; woken by every record, this process would
-    otherwise preempt it on its core. As a batch task of lower priority it runs on a
-    free core, or in the crawl's pauses, and the pipe absorbs the lag (a full pipe
-    makes the crawl wait, which hands this process the CPU).
-    """
-    with contextlib.suppress(AttributeError, OSError):
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    with contextlib.suppress(OSError):
-        os.nice(10)
-
-
-def _serve(inbox, outbox, config: StoreConfig) -> None:
-    """Main loop of the writer process."""
-    # Signals are the crawl's to handle (Ctrl-C reaches the whole process group);
-    # this process stops when the crawl closes the pipe, after committing.
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, signal.SIG_IGN)
-    _yield_to_crawl()
-    try:
-        store = Store(config)
-    except Exception as exc:
-        outbox.send(("error", f"cannot open the store in {config.data_dir}: {exc}"))
-        return
-    outbox.send(("ready", None))
-    reader = _FrameReader(inbox.fileno())
-    try:
-        while True:
-            wait = max(0.0, config.flush_seconds - (time.monotonic() - store.batch._since))
-            if not inbox.poll(wait):
-                store.tick()
-                continue
-            try:
-                msg = reader.recv()
-            except EOFError:
-                # The crawl died: keep what reached us (a message cut short is dropped).
-                store.close()
-                return
-            op = msg[0]
-            if op == "put":
-                store.put(msg[1], msg[2])
-            elif op == "touch":
-                store.touch(msg[1], msg[2])
-            elif op == "close":
-                summary = store.close()
-                usage = resource.getrusage(resource.RUSAGE_SELF)
-                summary["cpu_seconds"] = usage.ru_utime + usage.ru_stime
-                outbox.send(("closed", summary))
-                return
-    except OSError as exc:
-        where = store.archive.path if store.archive.name else config.data_dir
-        outbox.send(
-            (
-                "error",
-                f"writing {where} failed: {exc.strerror or exc}; rows committed so far "
-                "are intact, the next run repairs the archive and resumes",
-            )
-        )
-    except Exception:
-        outbox.send(("error", "the store failed:\n" + traceback.format_exc()))
-
-
 class WriterProcess:
     """A :class:`Store` in a child process, fed through a bounded pipe.
 
-    ``put`` blocks when the pipe is full (``queue_bytes``): that is the backpressure
-    that keeps memory bounded when the disk is slower than the network.
+    The process starts at construction and loads its modules while the crawl starts
+    up; :meth:`open` (or a ``config`` given here) makes it open the store, once the
+    data directory is recovered. ``put`` blocks when the pipe is full
+    (``queue_bytes``): that is the backpressure that keeps memory bounded when the
+    disk is slower than the network.
     """
 
-    def __init__(self, config: StoreConfig, queue_bytes: int = 1 << 20):
-        self.config = config
-        ctx = multiprocessing.get_context("spawn")
-        recv_in, self._send = ctx.Pipe(duplex=False)
-        self._recv, send_out = ctx.Pipe(duplex=False)
-        for conn in (self._send, recv_in):
-            # Past the system's limit the default pipe size still works.
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(conn.fileno(), F_SETPIPE_SZ, queue_bytes)
-        self._proc = ctx.Process(
-            target=_serve, args=(recv_in, send_out, config), name="archive-writer"
-        )
-        self._proc.start()
-        recv_in.close()
-        send_out.close()
-        self._fd = self._send.fileno()
-        # On a forced exit, multiprocessing joins the writer at exit: close the pipe
-        # first so that it commits what it holds and ends.
-        atexit.register(self._send.close)
+    def __init__(self, config: StoreConfig | None = None, queue_bytes: int = 1 << 20):
+        data_read, self._fd = os.pipe()
+        reply_read, reply_write = os.pipe()
+        # Past the system's limit the default pipe size still works.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._fd, F_SETPIPE_SZ, queue_bytes)
+        # A plain interpreter, not multiprocessing's spawn: that one re-imports the
+        # crawl's main script (Scrapy and Twisted, ~0.4 s) in the child.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "crawler.writer", str(data_read), str(reply_write)],
+                pass_fds=(data_read, reply_write),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except BaseException:
+            os.close(self._fd)
+            raise
+        finally:
+            os.close(data_read)
+            os.close(reply_write)
+        self._replies = _FrameReader(reply_read)
         self.error: str | None = None
         self.summary: dict | None = None
+        self.opened = False
         self._sent = 0
-        self._wait_ready()
+        if config is not None:
+            self.open(config)
 
-    def _wait_ready(self) -> None:
-        if not self._recv.poll(120):
+    def open(self, config: StoreConfig, timeout: float = 120) -> None:
+        """Have the process open the store; raises :class:`StoreError` if it cannot."""
+        self.config = config
+        try:
+            _send_frame(self._fd, ("open", config))
+        except OSError:
+            self._check()
+            raise StoreError("the archive writer process exited before it started") from None
+        if not _readable(self._replies.fd, timeout):
             self._proc.kill()
-            raise StoreError("the archive writer process did not start within 120 s")
-        kind, payload = self._recv.recv()
+            raise StoreError(f"the archive writer process did not start within {timeout:.0f} s")
+        try:
+            kind, payload = self._replies.recv()
+        except EOFError:
+            kind, payload = "error", "the archive writer process exited before it started"
         if kind == "error":
-            self._proc.join()
+            self.error = payload
+            self._end()
             raise StoreError(payload)
+        self.opened = True
 
     def _check(self) -> None:
-        if self.error is None and self._recv.poll():
+        if self.error is None and _readable(self._replies.fd):
             try:
-                kind, payload = self._recv.recv()
+                kind, payload = self._replies.recv()
             except EOFError:
                 kind, payload = "error", "the archive writer process exited unexpectedly"
             if kind == "error":
@@ -443,17 +406,23 @@ class WriterProcess:
 
     @property
     def alive(self) -> bool:
-        return self._proc.is_alive()
+        return self._proc.poll() is None
 
-    def close(self, timeout: float = 600) -> dict:
-        """Drain the queue, commit, close the archive; returns the writer's summary."""
-        if self.summary is not None:
+    def close(self, timeout: float = 600) -> dict | None:
+        """Drain the queue, commit, close the archive; returns the writer's summary.
+
+        A process that never opened the store is just ended (None).
+        """
+        if self.summary is not None or self._fd is None:
             return self.summary
+        if not self.opened:
+            self._end()
+            return None
         try:
             if self.error is None:
                 _send_frame(self._fd, ("close",))
-            while self._recv.poll(timeout):
-                kind, payload = self._recv.recv()
+            while _readable(self._replies.fd, timeout):
+                kind, payload = self._replies.recv()
                 if kind == "closed":
                     self.summary = payload
                     break
@@ -463,11 +432,21 @@ class WriterProcess:
         except (EOFError, BrokenPipeError, OSError):
             pass
         finally:
-            self._send.close()
-            atexit.unregister(self._send.close)
-            self._proc.join(timeout=30)
-            if self._proc.is_alive():
-                self._proc.kill()
+            self._end()
         if self.summary is None:
             raise StoreError(self.error or "the archive writer process did not finish")
         return self.summary
+
+    def _end(self) -> None:
+        """Close the pipes; the process, seeing the end of its input, exits."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._replies.fd is not None:
+            os.close(self._replies.fd)
+            self._replies.fd = None
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

@@ -131,10 +131,13 @@ class ArchiveMiddleware:
         self.seen_patterns = crawler.settings.getlist("CATALOG_SEEN")
         self.revalidate = False
         self.catalog: Catalog | None = None
-        self.writer: WriterProcess | None = None
+        # Started now, so that it loads while Scrapy starts up; it opens the store in
+        # spider_opened, once the data directory is recovered.
+        self.writer: WriterProcess | None = WriterProcess(queue_bytes=self.config.queue_bytes)
         self.log: ActionLog | None = None
         self._lock = DataDirLock(self.config.store.lock_path)
         self._failed = False
+        self._storing = False  # the writer has opened the store
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -170,10 +173,11 @@ class ArchiveMiddleware:
                 Catalog(config.catalog_path, readonly=True), self.seen_patterns
             )
             self.log = ActionLog(config.action_log_path)
-            self.writer = WriterProcess(config, queue_bytes=self.config.queue_bytes)
+            self.writer.open(config)
         except (StoreError, CatalogError, OSError) as exc:
             self._fail(f"cannot open the data directory {config.data_dir}: {exc}")
             return
+        self._storing = True
         self._pusher.start(COUNTS_SECONDS, now=False)
         logger.info("Storing in %s (catalog %s)", config.data_dir, config.catalog_path)
 
@@ -182,6 +186,7 @@ class ArchiveMiddleware:
             self._pusher.stop()
         self._push_counts()
         summary = None
+        self._storing = False
         if self.writer is not None:
             try:
                 summary = self.writer.close()
@@ -356,7 +361,7 @@ class ArchiveMiddleware:
         return build_response(stored, request, flags=[CACHED_FLAG])
 
     def process_response(self, request: Request, response: Response) -> Response:
-        if self.writer is None or _is_robots(request) or CACHED_FLAG in response.flags:
+        if not self._storing or _is_robots(request) or CACHED_FLAG in response.flags:
             return response
         meta = request.meta
         status = response.status
