@@ -1,7 +1,8 @@
 """The storage core: archive + catalog written in the order that makes them crash-safe.
 
 :class:`Store` does the work in-process (no Scrapy needed). :class:`WriterProcess`
-runs a Store in a child process fed through a pipe, so that gzip, fsync and SQLite
+runs a Store in a child process fed through a pipe and a ring of shared memory
+(crawler/wire.py, crawler/writer.py), so that gzip, fsync and SQLite
 commits never run on the crawl's reactor thread and use another core.
 
 The ordering: a catalog row is committed only after the record it points at is
@@ -12,15 +13,9 @@ is renamed to its closed name only after the rows pointing into it are committed
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
-import io
 import logging
-import operator
 import os
-import pickle
-import select
-import struct
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -37,6 +32,7 @@ from crawler.archive import (
     warc_date,
 )
 from crawler.catalog import BatchWriter, Catalog, Row
+from crawler.wire import BodyRing, FrameReader, readable, send_frame
 from crawler.ziparchive import ZipArchiveWriter, repair_open_zip
 
 logger = logging.getLogger(__name__)
@@ -249,76 +245,16 @@ class Store:
 
 # -- the writer process -----------------------------------------------------------------
 
-# A message on the pipe: a header (length of the pickled message, length of the body),
-# the message pickled with the fetch's body left out, then the body itself. Written with
-# one writev, so the crawl never copies a body to send it; read into one buffer.
-_FRAME = struct.Struct("!IQ")
-
-
-# A fetch crosses as the tuple of its fields but the body: pickling a dataclass costs
-# twice as much, and a copy of it without the body as much again.
-_FETCH_FIELDS = tuple(f.name for f in dataclasses.fields(Fetch) if f.name != "body")
-_fetch_values = operator.attrgetter(*_FETCH_FIELDS)
-
-
-def _send_frame(fd: int, msg: tuple) -> None:
-    body = b""
-    if msg[0] in ("put", "touch"):
-        body = msg[1].body
-        msg = (msg[0], _fetch_values(msg[1]), *msg[2:])
-    meta = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    parts = [_FRAME.pack(len(meta), len(body)), meta, body]
-    total = _FRAME.size + len(meta) + len(body)
-    sent = os.writev(fd, parts)
-    if sent < total:
-        # A signal cut a large write short: send the rest.
-        rest = memoryview(b"".join(parts))[sent:]
-        while rest:
-            rest = rest[os.write(fd, rest) :]
-
-
-def _readable(fd: int, timeout: float | None = 0.0) -> bool:
-    """Whether ``fd`` has data (or its end) within ``timeout`` seconds."""
-    return bool(select.select([fd], [], [], timeout)[0])
-
-
-class _FrameReader:
-    def __init__(self, fd: int):
-        self.fd = fd
-        self._file = io.FileIO(fd, "rb", closefd=False)
-
-    def _read_into(self, view: memoryview) -> None:
-        while view:
-            n = self._file.readinto(view)
-            if not n:
-                raise EOFError
-            view = view[n:]
-
-    def recv(self) -> tuple:
-        head = bytearray(_FRAME.size)
-        self._read_into(memoryview(head))
-        meta_len, body_len = _FRAME.unpack(head)
-        meta = bytearray(meta_len)
-        self._read_into(memoryview(meta))
-        msg = pickle.loads(meta)
-        body = b""
-        if body_len:
-            body = bytearray(body_len)
-            self._read_into(memoryview(body))
-        if msg[0] in ("put", "touch"):
-            fetch = Fetch(**dict(zip(_FETCH_FIELDS, msg[1], strict=True)), body=body)
-            msg = (msg[0], fetch, *msg[2:])
-        return msg
-
 
 class WriterProcess:
     """A :class:`Store` in a child process, fed through a bounded pipe.
 
     The process starts at construction and loads its modules while the crawl starts
     up; :meth:`open` (or a ``config`` given here) makes it open the store, once the
-    data directory is recovered. ``put`` blocks when the pipe is full
-    (``queue_bytes``): that is the backpressure that keeps memory bounded when the
-    disk is slower than the network.
+    data directory is recovered. Bodies cross in a shared ring of ``queue_bytes``
+    and, when it is full, in the pipe (as large): ``put`` blocks when both are full.
+    That is the backpressure that keeps memory bounded when the disk is slower than
+    the network.
     """
 
     def __init__(self, config: StoreConfig | None = None, queue_bytes: int = 1 << 20):
@@ -327,24 +263,29 @@ class WriterProcess:
         # Past the system's limit the default pipe size still works.
         with contextlib.suppress(OSError):
             fcntl.fcntl(self._fd, F_SETPIPE_SZ, queue_bytes)
+        self._ring = BodyRing.create(queue_bytes)
+        ring_args = [str(self._ring.fd), str(self._ring.size)] if self._ring else []
         # A plain interpreter, not multiprocessing's spawn: that one re-imports the
         # crawl's main script (Scrapy and Twisted, ~0.4 s) in the child.
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "crawler.writer", str(data_read), str(reply_write)],
-                pass_fds=(data_read, reply_write),
+                [sys.executable, "-m", "crawler.writer", str(data_read), str(reply_write)]
+                + ring_args,
+                pass_fds=(data_read, reply_write, *([self._ring.fd] if self._ring else [])),
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
         except BaseException:
             os.close(self._fd)
+            if self._ring is not None:
+                self._ring.close()
             raise
         finally:
             os.close(data_read)
             os.close(reply_write)
-        self._replies = _FrameReader(reply_read)
+        self._replies = FrameReader(reply_read)
         self.error: str | None = None
         self.summary: dict | None = None
         self.opened = False
@@ -356,11 +297,11 @@ class WriterProcess:
         """Have the process open the store; raises :class:`StoreError` if it cannot."""
         self.config = config
         try:
-            _send_frame(self._fd, ("open", config))
+            send_frame(self._fd, ("open", config))
         except OSError:
             self._check()
             raise StoreError("the archive writer process exited before it started") from None
-        if not _readable(self._replies.fd, timeout):
+        if not readable(self._replies.fd, timeout):
             self._proc.kill()
             raise StoreError(f"the archive writer process did not start within {timeout:.0f} s")
         try:
@@ -374,7 +315,7 @@ class WriterProcess:
         self.opened = True
 
     def _check(self) -> None:
-        if self.error is None and _readable(self._replies.fd):
+        if self.error is None and readable(self._replies.fd):
             try:
                 kind, payload = self._replies.recv()
             except EOFError:
@@ -391,7 +332,7 @@ class WriterProcess:
         if self._sent % CHECK_EVERY == 0 or self.error is not None:
             self._check()
         try:
-            _send_frame(self._fd, msg)
+            send_frame(self._fd, msg, self._ring)
         except (BrokenPipeError, OSError):
             self._check()
             raise StoreError(
@@ -420,8 +361,8 @@ class WriterProcess:
             return None
         try:
             if self.error is None:
-                _send_frame(self._fd, ("close",))
-            while _readable(self._replies.fd, timeout):
+                send_frame(self._fd, ("close",))
+            while readable(self._replies.fd, timeout):
                 kind, payload = self._replies.recv()
                 if kind == "closed":
                     self.summary = payload
@@ -445,6 +386,9 @@ class WriterProcess:
         if self._replies.fd is not None:
             os.close(self._replies.fd)
             self._replies.fd = None
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
         try:
             self._proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

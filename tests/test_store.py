@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import threading
 
 import pytest
@@ -12,7 +13,8 @@ from warcio.archiveiterator import ArchiveIterator
 
 from crawler.archive import payload_digest, read_record, resolve
 from crawler.catalog import Catalog
-from crawler.store import StoreConfig, WriterProcess, _FrameReader, _send_frame
+from crawler.store import StoreConfig, WriterProcess
+from crawler.wire import BodyRing, FrameReader, send_frame
 from tests.test_archive import fetch
 
 
@@ -52,9 +54,9 @@ def test_bodies_larger_than_the_pipe_are_stored_whole_with_their_log_lines(tmp_p
 def test_a_message_cut_short_by_a_killed_crawl_is_dropped():
     read_fd, write_fd = os.pipe()
     body = os.urandom(200_000)
-    sender = threading.Thread(target=_send_frame, args=(write_fd, ("put", fetch("k", body), None)))
+    sender = threading.Thread(target=send_frame, args=(write_fd, ("put", fetch("k", body), None)))
     sender.start()
-    reader = _FrameReader(read_fd)
+    reader = FrameReader(read_fd)
     op, got, action = reader.recv()
     sender.join()
     assert (op, got.key, bytes(got.body), action) == ("put", "k", body, None)
@@ -63,7 +65,7 @@ def test_a_message_cut_short_by_a_killed_crawl_is_dropped():
     # The crawl dies in the middle of a second message: its first bytes only arrive
     # (fewer than a pipe holds, so that this thread can write them unread).
     frame_read, frame_write = os.pipe()
-    _send_frame(frame_write, ("put", fetch("k2", b"y" * 20_000), None))
+    send_frame(frame_write, ("put", fetch("k2", b"y" * 20_000), None))
     os.close(frame_write)
     with os.fdopen(frame_read, "rb") as f:
         frame = f.read()
@@ -72,3 +74,42 @@ def test_a_message_cut_short_by_a_killed_crawl_is_dropped():
     with pytest.raises(EOFError):
         reader.recv()
     os.close(read_fd)
+
+
+def test_bodies_cross_the_shared_ring_wrapping_around_it_and_overflow_into_the_pipe(tmp_path):
+    rng = random.Random(7)
+    bodies = {f"k{n}": rng.randbytes(rng.randint(1, 30_000)) for n in range(300)}
+    bodies["big"] = os.urandom(100_000)  # more than half the ring: through the pipe
+    writer = WriterProcess(StoreConfig(data_dir=tmp_path), queue_bytes=65_536)
+    for key, body in bodies.items():
+        writer.put(fetch(key, body))
+    ring_bytes = writer._ring.head
+    summary = writer.close()
+    assert ring_bytes > 20 * 65_536  # the ring was used and went round many times
+    assert summary["stored"] == len(bodies)
+    with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+        for key, body in bodies.items():
+            row = catalog.get(key)
+            assert read_record(resolve(tmp_path, row.archive), row.offset, row.length).body == body
+
+
+def test_the_ring_never_hands_out_space_the_writer_has_not_given_back():
+    crawl = BodyRing(1000)
+    writer = BodyRing(1000, fd=os.dup(crawl.fd))
+    assert crawl.place(b"a" * 600) == BodyRing.INLINE  # more than half: the pipe's
+    first = crawl.place(b"a" * 400)
+    second = crawl.place(b"b" * 400)
+    assert (first, second) == (0, 400)
+    assert crawl.place(b"c" * 300) == BodyRing.INLINE  # 200 left, not contiguous
+    assert writer.take(first, 400) == b"a" * 400
+    assert crawl.place(b"c" * 300) == BodyRing.INLINE  # taken, not yet given back
+    writer.publish()
+    third = crawl.place(b"c" * 300)
+    assert third == 1000  # the 200-byte tail is skipped: bodies are contiguous
+    assert writer.take(second, 400) == b"b" * 400
+    assert writer.take(third, 300) == b"c" * 300
+    writer.publish()
+    assert crawl.place(b"d" * 500) == 1300
+    assert writer.take(1300, 500) == b"d" * 500
+    crawl.close()
+    writer.close()
