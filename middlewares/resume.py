@@ -1,8 +1,13 @@
-"""Drops stored start requests before they reach the scheduler.
+"""The start path of a crawl of a long list: stored requests dropped, the rest fed lazily.
 
 A resumed crawl of a list of millions must skip what is stored at a cost close to
 nothing: start requests are looked up in the catalog in batches (one query each) and
 never enter the scheduler, the downloader or the middlewares.
+
+Scrapy reads a spider's start requests as fast as it can and keeps them all in the
+scheduler, so a list of millions of URLs would be held in memory whole. Here the next
+one is handed over only when the downloader has room or the scheduler ran dry, so
+that memory stays flat however long the list.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from scrapy import Request
+from scrapy import Request, signals
 
 from middlewares.archive import ArchiveMiddleware
 
@@ -26,6 +31,15 @@ class ResumeSpiderMiddleware:
         return cls(crawler)
 
     async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        async for item in self._unstored(start):
+            # Resumed when the engine asks for the next one, i.e. once this one is
+            # scheduled: while it cannot send it, wait for the scheduler to run dry.
+            yield item
+            engine = self.crawler.engine
+            if engine.needs_backout():
+                await self.crawler.signals.wait_for(signals.scheduler_empty)
+
+    async def _unstored(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
         archive = self.crawler.get_downloader_middleware(ArchiveMiddleware)
         if archive is None:
             async for item in start:

@@ -63,3 +63,30 @@ async def test_a_replayed_page_is_the_response_the_crawl_saw(site, data_dir):
     assert "café" in replayed[urls[0]][3]
     assert second.stats.get_value("archive/replayed") == 2
     assert second.stats.get_value("catalog/cache_hits") == 2
+
+
+class SchedulerWatch(Recorder):
+    """Notes the most requests the scheduler held at once."""
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        spider.most_scheduled = 0
+        crawler.signals.connect(spider.scheduled, signal=scrapy.signals.request_scheduled)
+        return spider
+
+    def scheduled(self, request, spider):
+        held = len(self.crawler.engine._slot.scheduler)
+        self.most_scheduled = max(self.most_scheduled, held)
+
+
+@deferred_f_from_coro_f
+async def test_a_long_list_is_fed_to_the_scheduler_as_it_drains_not_all_at_once(site, data_dir):
+    urls = [f"{site.base_url}/page/{n % 400}.html?v={n}" for n in range(1000)]
+    settings = dict(project_settings(data_dir), CONCURRENT_REQUESTS=4)
+    crawler = get_crawler(SchedulerWatch, settings)
+    await crawler.crawl_async(urls=urls)
+    assert len(crawler.spider.seen) == len(urls)  # nothing lost by waiting
+    assert crawler.stats.get_value("archive/stored") == len(urls)
+    # Scrapy alone would have held most of the list (memory that grows with it).
+    assert crawler.spider.most_scheduled <= 8
