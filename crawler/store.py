@@ -279,6 +279,7 @@ class WriterProcess:
             )
         except BaseException:
             os.close(self._fd)
+            os.close(reply_read)
             if self._ring is not None:
                 self._ring.close()
             raise
@@ -295,7 +296,6 @@ class WriterProcess:
 
     def open(self, config: StoreConfig, timeout: float = 120) -> None:
         """Have the process open the store; raises :class:`StoreError` if it cannot."""
-        self.config = config
         try:
             send_frame(self._fd, ("open", config))
         except OSError:

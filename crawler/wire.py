@@ -59,7 +59,7 @@ class BodyRing:
     def __init__(self, size: int, fd: int | None = None):
         self.size = size
         if fd is None:
-            fd = os.memfd_create("archive-queue", 0)
+            fd = os.memfd_create("archive-queue")  # close-on-exec: only the writer gets it
             os.ftruncate(fd, self._DATA + size)
         self.fd = fd
         self._map = mmap.mmap(fd, self._DATA + size)
