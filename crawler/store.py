@@ -221,10 +221,10 @@ class Store:
 
     def tick(self) -> None:
         """Commit a batch whose time is up, and roll over a file whose time is up
-        (call it when idle)."""
+        (call it whenever idle: it costs nothing when there is nothing to do)."""
         if self.batch.due() or not self.batch.pending:
-            # With nothing pending this only restarts the clock, so that an idle writer
-            # sleeps a full CATALOG_FLUSH_SECONDS between ticks instead of spinning.
+            # With nothing pending this only restarts the clock: the first row after
+            # a pause waits at most CATALOG_FLUSH_SECONDS for its commit.
             self.batch.flush()
         self._maybe_roll()
 

@@ -34,10 +34,10 @@ IDLE_SLEEP = (0.001, 0.02)
 def _yield_to_crawl() -> None:
     """Let the crawl have the CPU when both want it.
 
-    The crawl is bound by its one thread; woken by every record, this process would
+    The crawl is bound by its one thread; with records waiting, this process would
     otherwise preempt it on its core. As a batch task of lower priority it runs on a
-    free core, or in the crawl's pauses, and the pipe absorbs the lag (a full pipe
-    makes the crawl wait, which hands this process the CPU).
+    free core, or in the crawl's pauses, and the ring and the pipe absorb the lag (full,
+    they make the crawl wait, which hands this process the CPU).
     """
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
@@ -73,8 +73,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
             if not readable(data_fd):
                 if ring is not None:
                     ring.publish()  # the poll was a system call
-                if time.monotonic() - store.batch._since >= config.flush_seconds:
-                    store.tick()
+                store.tick()
                 time.sleep(idle)
                 idle = min(2 * idle, IDLE_SLEEP[1])
                 continue

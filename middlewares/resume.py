@@ -35,8 +35,7 @@ class ResumeSpiderMiddleware:
             # Resumed when the engine asks for the next one, i.e. once this one is
             # scheduled: while it cannot send it, wait for the scheduler to run dry.
             yield item
-            engine = self.crawler.engine
-            if engine.needs_backout():
+            if self.crawler.engine.needs_backout():
                 await self.crawler.signals.wait_for(signals.scheduler_empty)
 
     async def _unstored(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:

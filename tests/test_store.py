@@ -7,6 +7,7 @@ import json
 import os
 import random
 import threading
+import time
 
 import pytest
 from warcio.archiveiterator import ArchiveIterator
@@ -112,4 +113,18 @@ def test_the_ring_never_hands_out_space_the_writer_has_not_given_back():
     assert crawl.place(b"d" * 500) == 1300
     assert writer.take(1300, 500) == b"d" * 500
     crawl.close()
+    writer.close()
+
+
+def test_an_idle_writer_commits_a_short_batch_once_its_time_is_up(tmp_path):
+    config = StoreConfig(data_dir=tmp_path, batch_size=1000, flush_seconds=0.2)
+    writer = WriterProcess(config)
+    writer.put(fetch("slow", b"one page of a slow crawl"))
+    deadline = time.monotonic() + 30
+    row = None
+    while row is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+        with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+            row = catalog.get("slow")
+    assert row is not None  # committed with the writer still open, far short of a batch
     writer.close()
