@@ -124,11 +124,33 @@ class Catalog:
         _set_tmpdir()
         self.path = Path(path)
         self.readonly = readonly
+        if not readonly and not self.path.exists():
+            self._create()
         self.conn = connect(self.path, readonly=readonly)
         if readonly:
             self._check_version()
         else:
             self.migrate()
+
+    def _create(self) -> None:
+        # Built beside its final name and linked into place whole, so a reader that
+        # opens the catalog while a crawl starts sees no catalog or a complete schema,
+        # never an empty file of version 0.
+        tmp = self.path.with_name(f"{self.path.name}.new-{os.getpid()}")
+        for leftover in (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm")):
+            leftover.unlink(missing_ok=True)
+        self.conn = connect(tmp)
+        try:
+            self.migrate()
+        finally:
+            self.conn.close()
+        try:
+            # link, not rename: a catalog another process created meanwhile is kept.
+            os.link(tmp, self.path)
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink()
 
     def close(self) -> None:
         self.conn.close()

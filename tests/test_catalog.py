@@ -44,6 +44,30 @@ def test_pragmas_and_schema(tmp_path):
     }  # fmt: skip
 
 
+def test_a_reader_never_sees_a_catalog_being_created(tmp_path):
+    path = tmp_path / "metadata.db"
+    seen = []
+
+    class Watched(Catalog):
+        def migrate(self):
+            # What a reader opening the catalog mid-creation would get.
+            if seen:
+                return super().migrate()
+            try:
+                Catalog(path, readonly=True).close()
+                seen.append("opened")
+            except CatalogError as exc:
+                seen.append(str(exc))
+            super().migrate()
+
+    Watched(path).close()
+    assert len(seen) == 1 and "no catalog here" in seen[0]
+    with Catalog(path, readonly=True) as catalog:
+        assert catalog.version == SCHEMA_VERSION
+        assert catalog.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert not [p.name for p in tmp_path.iterdir() if ".new-" in p.name]
+
+
 def test_a_newer_schema_is_refused_with_a_clear_message(tmp_path):
     path = tmp_path / "metadata.db"
     Catalog(path).close()
