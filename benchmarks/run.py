@@ -7,6 +7,7 @@ import sys
 
 SECTIONS = [
     ("Crawl: storage stack against a bare crawl (nginx, 40-60 KB pages)", "benchmarks.bench_crawl"),
+    ("Duplicate filter: Scrapy's against the project's", "benchmarks.bench_dupefilter"),
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),
     ("Re-parse and random access", "benchmarks.bench_reparse"),

@@ -24,6 +24,13 @@ AUTOTHROTTLE_MAX_DELAY = 30.0
 # number of items a page yields, and it lifts a CPU-bound crawl by about half.
 CONCURRENT_ITEMS = 1
 
+# Scrapy's duplicate filter keeps ~100 bytes per distinct request in memory; this one
+# moves its fingerprints to a temporary SQLite file (in SQLITE_TMPDIR) once
+# DUPEFILTER_MEMORY_FINGERPRINTS are held, and keeps DUPEFILTER_CACHE_MIB of it cached.
+DUPEFILTER_CLASS = "extensions.dupefilter.SpillingDupeFilter"
+DUPEFILTER_MEMORY_FINGERPRINTS = 250_000
+DUPEFILTER_CACHE_MIB = 16
+
 TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.
 REMOTE_CONTROL_ENABLED = False

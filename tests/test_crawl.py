@@ -159,6 +159,20 @@ def test_urls_from_stdin_and_duplicates_fetched_once(site, tmp_path, data_dir):
     assert set(rows_by_url(data_dir)) == {url, f"{base}/page/21.html"}
 
 
+def test_duplicates_are_fetched_once_when_the_filter_has_moved_to_disk(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(200, 230)]
+    # One resume batch: every copy passes the catalog check, the filter alone decides.
+    url_file = write_urls(tmp_path / "urls.txt", urls * 3)
+    site.reset_counts()
+    result = run_crawl(url_file, data_dir, "-s", "DUPEFILTER_MEMORY_FINGERPRINTS=4")
+    assert result.returncode == 0, result.stderr
+    assert {p: c for p, c in site.counts.items() if p.startswith("/page/")} == {
+        f"/page/{n}.html": 1 for n in range(200, 230)
+    }
+    assert set(rows_by_url(data_dir)) == set(urls)
+    assert "'dupefilter/filtered': 60" in result.stderr
+
+
 def test_resume_fetches_nothing_already_stored(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(30, 60)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
