@@ -92,7 +92,11 @@ SPIDER_MIDDLEWARES = {
 EXTENSIONS = {
     "extensions.progress.ProgressExtension": 500,
     "extensions.stop_signals.StopSignalsExtension": 500,
+    "extensions.timer_sweep.TimerSweepExtension": 500,
 }
+# Seconds between firings of a Twisted timer that lets the reactor drop the timers
+# downloads cancel (extensions/timer_sweep.py); 0: off.
+TIMER_SWEEP_INTERVAL = 5.0
 
 # --- Proxy leases (middlewares/proxy_lease.py) ---------------------------------------
 # HUB_URL: sqlite:///relative/hub.db, sqlite:////absolute/hub.db or postgresql://...;
