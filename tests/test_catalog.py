@@ -146,3 +146,55 @@ def test_key_rule():
     assert post == hashlib.sha256(b"POST http://example.org/a\nq=1").hexdigest()
     assert post != request_key("http://example.org/a", "POST", b"q=2")
     assert len(a) == 64 and a == a.lower()
+
+
+def scanned(catalog: Catalog) -> dict:
+    by_status = dict(
+        catalog.conn.execute(
+            "SELECT status, count(*) FROM artifacts GROUP BY status ORDER BY status"
+        )
+    )
+    rows, total = catalog.conn.execute(
+        "SELECT count(*), coalesce(sum(bytes), 0) FROM artifacts"
+    ).fetchone()
+    return {"rows": rows, "bytes": total, "by_status": by_status}
+
+
+def test_the_summary_follows_every_write_without_a_scan(tmp_path):
+    with Catalog(tmp_path / "metadata.db") as catalog:
+        assert catalog.summary() == {"rows": 0, "bytes": 0, "by_status": {}}
+        with catalog.writer() as batch:
+            for i in range(6):
+                batch.upsert(row(f"k{i}", bytes=10 + i))
+            batch.upsert(row("k0", status=404, bytes=3))  # refetched: another answer
+            batch.upsert(row("k1", bytes=100))  # same status, new body
+            batch.touch("k2", '"e9"', None, "2026-03-01T00:00:00.000000Z")
+        catalog.conn.execute("DELETE FROM artifacts WHERE key = 'k3'")
+        assert catalog.summary() == scanned(catalog)
+        assert catalog.summary()["by_status"] == {200: 4, 404: 1}
+        assert catalog.summary()["bytes"] == 3 + 100 + 12 + 14 + 15
+
+
+def test_an_older_catalog_gets_its_totals_when_migrated(tmp_path):
+    from crawler.catalog import MIGRATIONS, statements
+
+    path = tmp_path / "metadata.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for version in (1, 2):
+        for stmt in statements(MIGRATIONS[version]):
+            conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 2")
+    for i, status in enumerate([200, 200, 404, 301]):
+        conn.execute(
+            "INSERT INTO artifacts VALUES (?, 'u', 'u', ?, NULL, ?, NULL, NULL, 't', 'a', 0, 9, NULL, 'GET', 0)",
+            (f"k{i}", status, 10 * (i + 1)),
+        )
+    conn.close()
+    with pytest.raises(CatalogError, match="schema version 2 is older than 3"):
+        Catalog(path, readonly=True)
+    with Catalog(path) as catalog:
+        assert catalog.version == SCHEMA_VERSION
+        assert catalog.summary() == {"rows": 4, "bytes": 100, "by_status": {200: 2, 301: 1, 404: 1}}
+        with catalog.writer() as batch:
+            batch.upsert(row("k9", status=410, bytes=1))
+        assert catalog.summary() == scanned(catalog)

@@ -598,10 +598,10 @@ def test_archive_writes_conversion_record_and_indexes_it(tmp_path):
     assert repair_open_file(path, tmp_path).indexed.rows == []
 
 
-def test_catalog_migrates_version_1_to_2(tmp_path):
+def test_catalog_migrates_version_1_to_the_current_one(tmp_path):
     import sqlite3
 
-    from crawler.catalog import MIGRATIONS
+    from crawler.catalog import MIGRATIONS, SCHEMA_VERSION
 
     db = tmp_path / "metadata.db"
     conn = sqlite3.connect(db)
@@ -613,5 +613,6 @@ def test_catalog_migrates_version_1_to_2(tmp_path):
     conn.commit()
     conn.close()
     with Catalog(db) as catalog:
-        assert catalog.version == 2
+        assert catalog.version == SCHEMA_VERSION
         assert catalog.get("k").rendered == 0
+        assert catalog.summary() == {"rows": 1, "bytes": 3, "by_status": {200: 1}}
