@@ -16,6 +16,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 SCHEMA_VERSION = 3
+# The oldest schema that has every column of Row: read-only users (tools, other
+# tasks' catalogs) read it as it is; only writing migrates.
+READABLE_FROM = 2
 
 
 class CatalogError(Exception):
@@ -208,7 +211,7 @@ class Catalog:
                 f"{self.path}: schema version {self.version} is newer than this "
                 f"code knows ({SCHEMA_VERSION}); update the project"
             )
-        if self.version < SCHEMA_VERSION:
+        if self.version < READABLE_FROM:
             raise CatalogError(
                 f"{self.path}: schema version {self.version} is older than "
                 f"{SCHEMA_VERSION}; open it once for writing (run a crawl) to migrate"
@@ -259,6 +262,8 @@ class Catalog:
         return self.conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
 
     def summary(self) -> dict:
+        if self.version < 3:  # read-only and older than the totals: count them
+            return self._scanned_summary()
         by_status = dict(
             self.conn.execute(
                 "SELECT status, row_count FROM totals WHERE row_count > 0 ORDER BY status"
@@ -266,6 +271,17 @@ class Catalog:
         )
         rows, total_bytes = self.conn.execute(
             "SELECT coalesce(sum(row_count), 0), coalesce(sum(byte_count), 0) FROM totals"
+        ).fetchone()
+        return {"rows": rows, "bytes": total_bytes, "by_status": by_status}
+
+    def _scanned_summary(self) -> dict:
+        by_status = dict(
+            self.conn.execute(
+                "SELECT status, count(*) FROM artifacts GROUP BY status ORDER BY status"
+            ).fetchall()
+        )
+        rows, total_bytes = self.conn.execute(
+            "SELECT count(*), coalesce(sum(bytes), 0) FROM artifacts"
         ).fetchone()
         return {"rows": rows, "bytes": total_bytes, "by_status": by_status}
 
