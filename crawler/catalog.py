@@ -119,6 +119,11 @@ _UPSERT = (
     "ON CONFLICT(key) DO UPDATE SET "
     + ", ".join(f"{repr_col(c)} = excluded.{repr_col(c)}" for c in COLUMNS if c != "key")
 )
+_SUMMARY = "SELECT status, row_count, byte_count FROM totals WHERE row_count > 0 ORDER BY status"
+_SUMMARY_SCAN = (
+    "SELECT status, count(*), coalesce(sum(bytes), 0) FROM artifacts "
+    "GROUP BY status ORDER BY status"
+)
 # A 304 refreshes validators and time only; the body stays where it is.
 _TOUCH = (
     "UPDATE artifacts SET etag = coalesce(?, etag), "
@@ -262,27 +267,13 @@ class Catalog:
         return self.conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
 
     def summary(self) -> dict:
-        if self.version < 3:  # read-only and older than the totals: count them
-            return self._scanned_summary()
-        by_status = dict(
-            self.conn.execute(
-                "SELECT status, row_count FROM totals WHERE row_count > 0 ORDER BY status"
-            ).fetchall()
-        )
-        rows, total_bytes = self.conn.execute(
-            "SELECT coalesce(sum(row_count), 0), coalesce(sum(byte_count), 0) FROM totals"
-        ).fetchone()
-        return {"rows": rows, "bytes": total_bytes, "by_status": by_status}
-
-    def _scanned_summary(self) -> dict:
-        by_status = dict(
-            self.conn.execute(
-                "SELECT status, count(*) FROM artifacts GROUP BY status ORDER BY status"
-            ).fetchall()
-        )
-        rows, total_bytes = self.conn.execute(
-            "SELECT count(*), coalesce(sum(bytes), 0) FROM artifacts"
-        ).fetchone()
+        # Read-only on a catalog older than the totals: count them.
+        sql = _SUMMARY if self.version >= 3 else _SUMMARY_SCAN
+        by_status, rows, total_bytes = {}, 0, 0
+        for status, count, size in self.conn.execute(sql):
+            by_status[status] = count
+            rows += count
+            total_bytes += size
         return {"rows": rows, "bytes": total_bytes, "by_status": by_status}
 
     # -- writing -------------------------------------------------------------------
