@@ -1,14 +1,15 @@
 """Proxy leases: hub lease+release throughput, and crawl speed through the pool vs direct.
 
-    python -c "from benchmarks.bench_proxies import run; print(*run(), sep='\\n')"
+    python -m benchmarks.bench_proxies [--seconds 5] [--pages 800]
 
 Needs tinyproxy (Debian package) for the crawl part and a PostgreSQL server at PG_TEST_URL
 (default postgresql://postgres@127.0.0.1:5432/test) for the PostgreSQL part; either one
-missing is reported as skipped. Takes about a minute.
+missing is reported as skipped. Takes about a minute with the defaults.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ import textwrap
 import uuid
 from pathlib import Path
 
-from crawler.hub import Hub
+from crawler.hub import Hub, ProxyPool
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("PG_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -27,11 +28,6 @@ CHURN_SECONDS = 5.0
 PROXIES = 5
 PAGES = 800
 
-CHURN = """
-import sys
-from crawler.hub import churn
-print(churn(sys.argv[1], float(sys.argv[2])))
-"""
 
 SPIDER = """
 import json, sys, time
@@ -59,9 +55,9 @@ print(json.dumps({"pages": len(t), "seconds": t[-1] - t[0] if len(t) > 1 else 0}
 """
 
 
-def _python(code: str, *args: str) -> subprocess.Popen[str]:
+def _python(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", code, *args],
+        [sys.executable, *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -70,18 +66,19 @@ def _python(code: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def lease_rate(url: str, processes: int) -> float:
+def lease_rate(url: str, processes: int, seconds: float = CHURN_SECONDS) -> float:
     """Lease+release operations per second over all processes."""
     with Hub.open(url) as hub:
-        hub.add_proxies([f"http://127.0.0.1:{20000 + n}" for n in range(PROXIES)])
-    workers = [_python(CHURN, url, str(CHURN_SECONDS)) for _ in range(processes)]
+        ProxyPool(hub).add([f"http://127.0.0.1:{20000 + n}" for n in range(PROXIES)])
+    churn = ("-m", "benchmarks.proxy_churn", url, str(seconds))
+    workers = [_python(*churn) for _ in range(processes)]
     total = 0
     for worker in workers:
-        out, err = worker.communicate(timeout=CHURN_SECONDS + 120)
+        out, err = worker.communicate(timeout=seconds + 120)
         if worker.returncode:
             raise RuntimeError(err[-2000:])
         total += int(out)
-    return total / CHURN_SECONDS
+    return total / seconds
 
 
 def _pg_schema() -> tuple[str, object] | None:
@@ -97,11 +94,11 @@ def _pg_schema() -> tuple[str, object] | None:
     return f"{PG_URL}{sep}options=-csearch_path%3D{schema}", (admin, schema)
 
 
-def bench_leases(workdir: Path) -> list[str]:
+def bench_leases(workdir: Path, seconds: float = CHURN_SECONDS) -> list[str]:
     lines = []
     for processes in (1, 8):
         url = f"sqlite:///{workdir}/hub-{processes}.db"
-        rate = lease_rate(url, processes)
+        rate = lease_rate(url, processes, seconds)
         lines.append(f"hub sqlite: {processes} process(es), lease+release {rate:,.0f} ops/s")
     for processes in (1, 8):
         made = _pg_schema()
@@ -110,7 +107,7 @@ def bench_leases(workdir: Path) -> list[str]:
             break
         url, (admin, schema) = made
         try:
-            rate = lease_rate(url, processes)
+            rate = lease_rate(url, processes, seconds)
         finally:
             admin.execute(f'DROP SCHEMA "{schema}" CASCADE')
             admin.close()
@@ -118,7 +115,7 @@ def bench_leases(workdir: Path) -> list[str]:
     return lines
 
 
-def crawl_rate(base: str, settings: dict[str, object]) -> float:
+def crawl_rate(base: str, settings: dict[str, object], pages: int = PAGES) -> float:
     settings = {
         "LOG_LEVEL": "WARNING",
         "ROBOTSTXT_OBEY": False,
@@ -127,15 +124,15 @@ def crawl_rate(base: str, settings: dict[str, object]) -> float:
         "TELNETCONSOLE_ENABLED": False,
         **settings,
     }
-    worker = _python(textwrap.dedent(SPIDER), json.dumps(settings), base, str(PAGES))
+    worker = _python("-c", textwrap.dedent(SPIDER), json.dumps(settings), base, str(pages))
     out, err = worker.communicate(timeout=300)
     result = json.loads(out.strip().splitlines()[-1]) if out.strip() else None
-    if worker.returncode or not result or result["pages"] != PAGES:
+    if worker.returncode or not result or result["pages"] != pages:
         raise RuntimeError(f"benchmark crawl failed: {err[-2000:]}")
     return result["pages"] / result["seconds"]
 
 
-def bench_crawl(workdir: Path) -> list[str]:
+def bench_crawl(workdir: Path, pages: int = PAGES) -> list[str]:
     if shutil.which("tinyproxy") is None:
         return ["crawl through the pool: skipped (tinyproxy is not installed)"]
     from tests.proxy_servers import Origin, TinyProxy
@@ -147,8 +144,8 @@ def bench_crawl(workdir: Path) -> list[str]:
             proxy.start()
         hub_url = f"sqlite:///{workdir}/crawl-hub.db"
         with Hub.open(hub_url) as hub:
-            hub.add_proxies([p.url for p in proxies])
-        direct = crawl_rate(origin.base, {})
+            ProxyPool(hub).add([p.url for p in proxies])
+        direct = crawl_rate(origin.base, {}, pages)
         pooled = crawl_rate(
             origin.base,
             {
@@ -158,24 +155,33 @@ def bench_crawl(workdir: Path) -> list[str]:
                 "PROXY_ROTATE_EVERY": 100,
                 "PROXY_REST_SECONDS": 0,
             },
+            pages,
         )
     finally:
         for proxy in proxies:
             proxy.stop()
         origin.stop()
     return [
-        f"crawl direct: {direct:,.0f} pages/s ({PAGES} pages, 16 concurrent, loopback origin)",
+        f"crawl direct: {direct:,.0f} pages/s ({pages} pages, 16 concurrent, loopback origin)",
         f"crawl through the pool: {pooled:,.0f} pages/s (3 tinyproxies, 3 leases, "
         f"rotate every 100) = {pooled / direct:.0%} of direct",
     ]
 
 
-def run() -> list[str]:
+def run(seconds: float = CHURN_SECONDS, pages: int = PAGES) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bench-proxies-") as tmp:
         workdir = Path(tmp)
         os.chmod(workdir, 0o755)
-        return bench_leases(workdir) + bench_crawl(workdir)
+        return bench_leases(workdir, seconds) + bench_crawl(workdir, pages)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_proxies")
+    parser.add_argument("--seconds", type=float, default=CHURN_SECONDS, help="per lease run")
+    parser.add_argument("--pages", type=int, default=PAGES, help="pages per crawl")
+    args = parser.parse_args()
+    print(*run(args.seconds, args.pages), sep="\n")
 
 
 if __name__ == "__main__":
-    print(*run(), sep="\n")
+    main()

@@ -8,8 +8,8 @@ import sys
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.hub import Hub, HubError
-from crawler.proxy_admin import ProxyAdmin, hub_url_from
+from crawler.hub import Hub, HubError, ProxyPool
+from crawler.hub.admin import ProxyAdmin, hub_url_from
 
 ACTIONS = ("add", "import", "list", "disable", "enable", "stats")
 
@@ -47,7 +47,7 @@ class Command(ScrapyCommand):
         assert self.settings is not None
         try:
             with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
-                print(self._dispatch(ProxyAdmin(hub), action, rest))
+                print(self._dispatch(ProxyAdmin(ProxyPool(hub)), action, rest))
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1

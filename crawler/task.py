@@ -20,7 +20,7 @@ resume); 1 one failed or the last shipment failed.
 
 Queue mode (``--queue NAME``, ``HUB_URL`` set; ``--urls`` is then not read): each crawl
 process k loops: lease a batch of ``--batch`` URLs from the hub's work queue NAME
-(:mod:`crawler.workqueue`), write it to ``STAGE/p<k>/batch.txt``, crawl it (no shard),
+(:mod:`crawler.hub.workqueue`), write it to ``STAGE/p<k>/batch.txt``, crawl it (no shard),
 ship, and mark the batch done only once shipped; the lease is renewed while the crawl
 runs (``WORK_LEASE_TTL`` seconds, default 300). A process that finds nothing to lease
 waits while other holders' leases are live (a dead holder's batch is taken over when
@@ -41,10 +41,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from crawler.hub import Holder, Hub
+from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
 from crawler.seen import SHIPPED_DIR
 from crawler.ship import CATALOG_NAME, Shipper
-from crawler.workqueue import WorkBatch, WorkQueue
 
 logger = logging.getLogger("crawler.task")
 

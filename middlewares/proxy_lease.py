@@ -2,7 +2,7 @@
 
 Many crawl processes, on many nodes, share one pool of proxies without ever using the
 same proxy at the same time: each process leases up to ``PROXY_LEASES_PER_PROCESS``
-proxies from the hub (``HUB_URL``, see ``crawler/hub.py``), spreads its requests over
+proxies from the hub (``HUB_URL``, see ``crawler/hub/``), spreads its requests over
 them, renews the leases with a heartbeat, lets a proxy go after ``PROXY_ROTATE_EVERY``
 uses (only once every request it sent through it has finished) and ends a lease at once
 when the proxy looks banned, retrying the request through another proxy.
@@ -30,7 +30,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, Lease, RestPolicy, UsageCounts
+from crawler.hub import Holder, Hub, Lease, ProxyPool, RestPolicy, UsageCounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -207,7 +207,12 @@ class ProxyLeaseMiddleware:
         self.stats = crawler.stats
         self.config = ProxyLeaseConfig.from_settings(crawler.settings)
         self.hub = hub or Hub.open(self.config.hub_url, self.config.connect_timeout)
-        if self.hub.enabled_count() == 0:
+        try:
+            self.proxies = ProxyPool(self.hub)
+        except Exception:
+            self.hub.close()
+            raise
+        if self.proxies.enabled_count() == 0:
             label = self.hub.label
             self.hub.close()
             raise NotConfigured(
@@ -278,7 +283,8 @@ class ProxyLeaseMiddleware:
 
     def _release_all(self, ends: list[tuple[Lease, str, UsageCounts]]) -> list[bool]:
         return [
-            self.hub.release(lease, reason, counts, self.policy) for lease, reason, counts in ends
+            self.proxies.release(lease, reason, counts, self.policy)
+            for lease, reason, counts in ends
         ]
 
     def _released_all(
@@ -418,7 +424,7 @@ class ProxyLeaseMiddleware:
         started = monotonic()
         try:
             lease = await maybe_deferred_to_future(
-                self._call(self.hub.acquire, self.holder, self.config.lease_ttl)
+                self._call(self.proxies.acquire, self.holder, self.config.lease_ttl)
             )
         except Exception as exc:
             self.stats.inc_value("proxy/hub_errors")
@@ -556,7 +562,7 @@ class ProxyLeaseMiddleware:
             return
         held.releasing = True
         reason, counts = held.draining, held.counts.take()
-        d = self._call(self.hub.release, held.lease, reason, counts, self.policy)
+        d = self._call(self.proxies.release, held.lease, reason, counts, self.policy)
         self._pending.add(d)
         d.addCallback(lambda ok: self._count_release(held, reason, ok))
         d.addErrback(self._hub_failed, f"releasing proxy #{held.lease.proxy_id}")
@@ -604,7 +610,7 @@ class ProxyLeaseMiddleware:
         return None
 
     def _renew_all(self, items: list[tuple[Lease, UsageCounts]]) -> list[bool]:
-        return [self.hub.renew(lease, self.config.lease_ttl, counts) for lease, counts in items]
+        return [self.proxies.renew(lease, self.config.lease_ttl, counts) for lease, counts in items]
 
     def _renewed(self, results: list[bool], batch: list[Any], started: float) -> None:
         self.stats.inc_value("proxy/heartbeats")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from crawler.hub import Holder, Hub, HubError
-from crawler.proxy_admin import ProxyAdmin, ProxyFileError, hub_url_from, read_proxy_file
-from tests.test_hub import hub_url  # noqa: F401 - the backend-parametrised fixture
+from crawler.hub import Holder, Hub, HubError, ProxyPool
+from crawler.hub.admin import ProxyAdmin, ProxyFileError, hub_url_from, read_proxy_file
+from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,18 +33,19 @@ def scrapy(*args: str, hub: str | None = None) -> subprocess.CompletedProcess[st
 
 def test_admin_add_list_disable_stats(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
-        admin = ProxyAdmin(hub)
+        pool = ProxyPool(hub)
+        admin = ProxyAdmin(pool)
         assert "added 2 proxies, 0 already" in admin.add(
             ["http://bob:hunter2@127.0.0.1:3128", "http://127.0.0.1:3129"]
         )
-        lease = hub.acquire(Holder("node7", 42, "99_3"), 60)
+        lease = pool.acquire(Holder("node7", 42, "99_3"), 60)
         table = admin.list()
         assert "hunter2" not in table and "http://bob:***@127.0.0.1:3128" in table
         header, rule, *rows = table.splitlines()
         assert header.split()[:4] == ["id", "proxy", "state", "holder"]
         assert "leased" in rows[0] and "node7/42/99_3" in rows[0]
         assert "free" in rows[1]
-        hub.release(lease, "banned", None, None)
+        pool.release(lease, "banned", None, None)
         assert "banned" in admin.list().splitlines()[2]
         assert "disabled" in admin.set_enabled("http://bob:***@127.0.0.1:3128", False)
         assert "disabled" in admin.list().splitlines()[2]

@@ -24,8 +24,9 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 import crawler.settings as project_settings
-from crawler.hub import Hub, HubUnavailableError
+from crawler.hub import Holder, Hub, HubUnavailableError, ProxyPool, redact_url
 from middlewares.proxy_lease import ProxyLeaseConfig, ProxyLeaseConfigError, ProxyLeaseMiddleware
+from tests.hubs import open_proxies
 from tests.proxy_servers import PROXY_PASSWORD, PROXY_USER, origin, proxy_pool  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,9 +84,9 @@ def test_config_errors_name_the_setting(settings, names):
 
 def test_no_enabled_proxies_means_direct(tmp_path):
     url = f"sqlite:///{tmp_path}/hub.db"
-    with Hub.open(url) as hub:
-        hub.add_proxies(["http://127.0.0.1:9"])
-        hub.set_enabled(1, False)
+    with open_proxies(url) as pool:
+        pool.add(["http://127.0.0.1:9"])
+        pool.set_enabled(1, False)
     with pytest.raises(NotConfigured, match="no enabled proxies"):
         ProxyLeaseMiddleware.from_crawler(get_crawler(settings_dict={"HUB_URL": url}))
 
@@ -119,8 +120,8 @@ class BanSpider(Spider):
 
 def make_middleware(tmp_path, spidercls=PlainSpider, **settings):
     url = f"sqlite:///{tmp_path}/hub.db"
-    with Hub.open(url) as hub:
-        hub.add_proxies(["http://u:pw-secret@127.0.0.1:1", "http://127.0.0.1:2"])
+    with open_proxies(url) as pool:
+        pool.add(["http://u:pw-secret@127.0.0.1:1", "http://127.0.0.1:2"])
     crawler = get_crawler(
         spidercls,
         settings_dict={
@@ -172,13 +173,13 @@ def test_rotation_waits_for_inflight_then_next_proxy(tmp_path):
         mw.process_response(r3, response(r3))
     finally:
         yield deferred_from_coro(mw.spider_closed())
-    with Hub.open(url) as hub:
-        rows = hub.usage()
+    with open_proxies(url) as pool:
+        rows = pool.usage()
         assert [(r.proxy_id, r.requests, r.end_reason) for r in rows] == [
             (1, 2, "rotated"),
             (2, 1, "released"),
         ]
-        assert all(p.state != "leased" for p in hub.proxies())
+        assert all(p.state != "leased" for p in pool.proxies())
     assert not any("pw-secret" in str(v) for v in crawler.stats.get_stats().values())
     assert not any("pw-secret" in k for k in crawler.stats.get_stats())
 
@@ -200,9 +201,9 @@ def test_ban_ends_lease_and_retries_through_another_proxy(tmp_path):
         assert crawler.stats.get_value("proxy/bans/status/429") == 1
     finally:
         yield deferred_from_coro(mw.spider_closed())
-    with Hub.open(url) as hub:
-        assert [r.end_reason for r in hub.usage()] == ["banned", "banned"]
-        assert [p.state for p in hub.proxies()] == ["banned", "banned"]
+    with open_proxies(url) as pool:
+        assert [r.end_reason for r in pool.usage()] == ["banned", "banned"]
+        assert [p.state for p in pool.proxies()] == ["banned", "banned"]
 
 
 @pytest_twisted.inlineCallbacks
@@ -222,9 +223,7 @@ def test_spider_decides_what_is_a_ban(tmp_path):
 @pytest_twisted.inlineCallbacks
 def test_no_free_proxy_waits_and_is_counted(tmp_path, caplog):
     mw, crawler, url = make_middleware(tmp_path)
-    other = Hub.open(url)
-    from crawler.hub import Holder
-
+    other = ProxyPool(Hub.open(url))
     held = [other.acquire(Holder("elsewhere", 1), 60) for _ in range(2)]
     try:
         d = deferred_from_coro(_send(mw, "http://example.com/1"))
@@ -242,7 +241,7 @@ def test_no_free_proxy_waits_and_is_counted(tmp_path, caplog):
         mw.process_response(request, response(request))
     finally:
         other.release(held[1], "released")
-        other.close()
+        other.hub.close()
         yield deferred_from_coro(mw.spider_closed())
 
 
@@ -348,10 +347,10 @@ def file_texts(paths: list[Path]):
 def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
     hub_url = f"sqlite:///{tmp_path}/hub.db"
     deny = proxy_pool["proxy-deny"]
-    with Hub.open(hub_url) as hub:
+    with open_proxies(hub_url) as pool:
         # The 403 proxy first, so the crawl's first lease is the one that gets banned.
-        hub.add_proxies([deny.url])
-        hub.add_proxies([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
+        pool.add([deny.url])
+        pool.add([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
     origin.reset()
     proxy_pool.mark()
     urls = tmp_path / "urls.txt"
@@ -367,7 +366,7 @@ def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
     # Every page arrived, through a proxy that works, even the one first sent to the 403 one.
     assert sorted(p["url"] for p in pages) == sorted(urls.read_text().split())
     assert {p["status"] for p in pages} == {200}
-    good = {redact(proxy_pool["proxy-open"].url), redact(proxy_pool["proxy-auth"].url)}
+    good = {redact_url(proxy_pool["proxy-open"].url), redact_url(proxy_pool["proxy-auth"].url)}
     assert {p["proxy"] for p in pages} <= good
 
     # Every request reached the origin through a leased proxy (tinyproxy adds Via).
@@ -380,10 +379,10 @@ def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
     # The 403 proxy was asked once, banned, and rests; it forwarded nothing.
     assert len(deny.connections_since_mark()) == 1
     assert "Unauthorized connection" in deny.log_text()
-    with Hub.open(hub_url) as hub:
-        usage = hub.usage()
-        proxies = {p.id: p for p in hub.proxies()}
-        assert proxies[1].state == "banned" and proxies[1].resting_until > hub.now()
+    with open_proxies(hub_url) as pool:
+        usage = pool.usage()
+        proxies = {p.id: p for p in pool.proxies()}
+        assert proxies[1].state == "banned" and proxies[1].resting_until > pool.hub.now()
     assert [(u.proxy_id, u.end_reason) for u in usage if u.proxy_id == 1] == [(1, "banned")]
 
     # Rotation every ROTATE_EVERY uses, as the proxies' own logs show.
@@ -406,12 +405,6 @@ def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
     assert "proxy/leases_acquired" in log and "proxy/bans" in log
 
 
-def redact(url: str) -> str:
-    from crawler.hub import redact_url
-
-    return redact_url(url)
-
-
 @pytest_twisted.inlineCallbacks
 def test_heartbeat_renews_leases_and_reports_usage(tmp_path):
     mw, crawler, url = make_middleware(
@@ -420,14 +413,14 @@ def test_heartbeat_renews_leases_and_reports_usage(tmp_path):
     try:
         request = yield deferred_from_coro(_send(mw, "http://example.com/1"))
         mw.process_response(request, response(request, body=b"x" * 100))
-        with Hub.open(url) as hub:
-            first = hub.proxies()[0].lease_expires
+        with open_proxies(url) as pool:
+            first = pool.proxies()[0].lease_expires
         for _ in range(600):  # bounded: until two heartbeats went through
             if (crawler.stats.get_value("proxy/heartbeats") or 0) >= 2:
                 break
             yield deferLater(reactor, 0.05)
-        with Hub.open(url) as hub:
-            proxy, usage = hub.proxies()[0], hub.usage()[0]
+        with open_proxies(url) as pool:
+            proxy, usage = pool.proxies()[0], pool.usage()[0]
         assert proxy.state == "leased" and proxy.lease_expires > first
         assert (usage.requests, usage.bytes, usage.ended) == (1, 100, None)
         assert crawler.stats.get_value("proxy/leases_lost") is None

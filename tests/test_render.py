@@ -370,13 +370,14 @@ def test_sigkill_mid_render_leaves_valid_archive_and_catalog(site, tmp_path, dat
 
 def test_rendered_requests_go_through_leased_proxies(site, tmp_path, data_dir, proxy_pool):  # noqa: F811
     need_chromium()
-    from crawler.hub import Hub
+    from crawler.hub import Hub, ProxyPool
 
     hub_url = f"sqlite:///{tmp_path}/hub.db"
     with Hub.open(hub_url) as hub:
         # The 403 proxy first: the first lease is banned, its context closed.
-        hub.add_proxies([proxy_pool["proxy-deny"].url])
-        hub.add_proxies([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
+        pool = ProxyPool(hub)
+        pool.add([proxy_pool["proxy-deny"].url])
+        pool.add([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
     proxy_pool.mark()
     site.reset_counts()
     pages = 9

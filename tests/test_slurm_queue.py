@@ -17,12 +17,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from crawler.hub import Hub
-from crawler.workqueue import WorkQueue
+from crawler.hub import Hub, WorkQueue
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import ROOT, write_urls
+from tests.hubs import pg_schema_url
 from tests.slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-from tests.test_hub import pg_schema_url
 from tests.test_slurm import fetched, logs, shipped_rows, slow_urls, wait_for
 
 FAST = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"]

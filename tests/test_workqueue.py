@@ -1,47 +1,43 @@
-"""The hub's work queue (crawler/workqueue.py), on SQLite and on PostgreSQL."""
+"""The hub's work queue (crawler/hub/workqueue.py), on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
 from crawler.hub import Hub
-from crawler.workqueue import WorkQueue, WorkQueueError, ensure_work_schema, list_lines
-from tests.test_hub import pg_schema_url
+from crawler.hub.admin import QueueAdmin
+from crawler.hub.workqueue import WorkQueue, WorkQueueError, ensure_work_schema, list_lines
+from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
 
+ROOT = Path(__file__).resolve().parent.parent
 URLS = [f"http://example.org/{n}" for n in range(25)]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def hub_url(request, tmp_path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path}/hub.db"
-        return
-    url, drop = pg_schema_url("worktest")
-    yield url
-    drop()
-
-
 @pytest.fixture
-def queue(hub_url):
+def queue(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         queue = WorkQueue(hub, "q1")
         queue.load(URLS)
         yield queue
 
 
-def test_schema_is_idempotent_and_versioned(hub_url):
+def test_schema_is_idempotent_and_versioned(hub_url):  # noqa: F811
     for _ in range(2):
         with Hub.open(hub_url) as hub:
             assert ensure_work_schema(hub) == 1
             WorkQueue(hub, "q")
-            assert hub._query("SELECT COUNT(*) FROM hub_work_schema")[0][0] == 1
+            assert hub.query("SELECT COUNT(*) FROM hub_work_schema")[0][0] == 1
 
 
-def test_load_streams_dedupes_and_keeps_queues_apart(hub_url):
+def test_load_streams_dedupes_and_keeps_queues_apart(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         lines = ["# list", "", " http://example.org/a ", "http://example.org/b",
                  "http://EXAMPLE.org/a"]  # fmt: skip
@@ -98,7 +94,7 @@ def test_renewed_lease_does_not_expire(queue):
     assert queue.lease("b", 100, ttl=60).urls == tuple(URLS[5:])
 
 
-def test_no_url_leased_twice_under_contention(hub_url):
+def test_no_url_leased_twice_under_contention(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         WorkQueue(hub, "busy").load(f"http://example.org/{n}" for n in range(400))
 
@@ -117,3 +113,74 @@ def test_no_url_leased_twice_under_contention(hub_url):
     assert len(counts) == 400 and set(counts.values()) == {1}
     with Hub.open(hub_url) as hub:
         assert WorkQueue(hub, "busy").progress().finished
+
+
+# --- scrapy queue ------------------------------------------------------------------------
+def scrapy_queue(*args: str, hub: str | None = None, stdin: str | None = None):
+    env = {k: v for k, v in os.environ.items() if k != "HUB_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    if hub:
+        env["HUB_URL"] = hub
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy", "queue", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_queue_admin_loads_and_reports(hub_url, tmp_path):  # noqa: F811
+    urls = tmp_path / "urls.txt"
+    urls.write_text("# list\nhttp://example.org/a\n\nhttp://example.org/b\nhttp://EXAMPLE.org/a\n")
+    with Hub.open(hub_url) as hub:
+        admin = QueueAdmin(hub)
+        loaded = admin.load("q", str(urls)).splitlines()
+        assert loaded[0].endswith("2 URLs added, 1 already there")
+        assert (
+            loaded[1] == "queue 'q': done 0/2 (0.0%), leased 0 by 0 holders, expired 0, pending 2"
+        )
+        queue = WorkQueue(hub, "q", create=False)
+        assert queue.done(queue.lease("a", 1, ttl=60))
+        queue.lease("b", 1, ttl=60)
+        assert admin.status("q") == (
+            "queue 'q': done 1/2 (50.0%), leased 1 by 1 holders, expired 0, pending 0"
+        )
+        with pytest.raises(WorkQueueError, match="no queue 'other'.*load it first"):
+            admin.status("other")
+        with pytest.raises(WorkQueueError, match="cannot read the URL list"):
+            admin.load("q", str(tmp_path / "missing.txt"))
+
+
+def test_queue_command_end_to_end(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    urls = tmp_path / "urls.txt"
+    urls.write_text("http://example.org/a\nhttp://example.org/b\n")
+    done = scrapy_queue("load", "q", str(urls), hub=hub)
+    assert done.returncode == 0, done.stderr
+    assert "2 URLs added, 0 already there" in done.stdout
+    piped = scrapy_queue("load", "q", "-", hub=hub, stdin="http://example.org/c\n")
+    assert piped.returncode == 0 and "1 URLs added" in piped.stdout, piped.stderr
+    # -s HUB_URL works as well as the environment variable.
+    status = scrapy_queue("-s", f"HUB_URL={hub}", "status", "q")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.strip() == (
+        "queue 'q': done 0/3 (0.0%), leased 0 by 0 holders, expired 0, pending 3"
+    )
+
+
+def test_queue_command_errors_are_clear(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    missing = scrapy_queue("status", "nope", hub=hub)
+    assert missing.returncode == 1 and "load it first" in missing.stderr
+    nohub = scrapy_queue("status", "q")
+    assert nohub.returncode == 1 and "set HUB_URL" in nohub.stderr
+    nolist = scrapy_queue("load", "q", str(tmp_path / "missing.txt"), hub=hub)
+    assert nolist.returncode == 1 and "cannot read the URL list" in nolist.stderr
+    usage = scrapy_queue("frobnicate", hub=hub)
+    assert usage.returncode == 2 and "give one of" in usage.stderr
+    down = scrapy_queue("status", "q", hub="postgresql://u:hunter2@127.0.0.1:1/x")
+    assert down.returncode == 1 and "cannot reach the hub" in down.stderr
+    assert "hunter2" not in down.stdout + down.stderr

@@ -1,13 +1,20 @@
-"""Managing the hub's proxy pool: the logic behind ``scrapy proxies``."""
+"""Managing the hub: the logic behind ``scrapy proxies`` and ``scrapy queue``."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
+from typing import TextIO
 
-from crawler.hub import Hub, HubError, InvalidProxyURLError, normalize_proxy_url
+from crawler.hub.db import Hub
+from crawler.hub.errors import HubError, InvalidProxyURLError
+from crawler.hub.proxies import ProxyPool
+from crawler.hub.redact import normalize_proxy_url
+from crawler.hub.workqueue import WorkQueue, WorkQueueError, list_lines
 
 
 class ProxyFileError(HubError):
@@ -74,19 +81,20 @@ def _when(ts: float | None, now: float) -> str:
 class ProxyAdmin:
     """Add, list, enable, disable proxies and report their use; every URL shown redacted."""
 
-    def __init__(self, hub: Hub) -> None:
-        self.hub = hub
+    def __init__(self, pool: ProxyPool) -> None:
+        self.pool = pool
+        self.hub = pool.hub
 
     def add(self, urls: Iterable[str]) -> str:
-        added, known = self.hub.add_proxies(urls)
+        added, known = self.pool.add(urls)
         return f"added {added} proxies, {known} already in the hub {self.hub.label}"
 
     def import_file(self, path: str) -> str:
         return self.add(read_proxy_file(path))
 
     def set_enabled(self, ref: str, enabled: bool) -> str:
-        row = self.hub.find_proxy(ref)
-        self.hub.set_enabled(row.id, enabled)
+        row = self.pool.find(ref)
+        self.pool.set_enabled(row.id, enabled)
         return f"proxy #{row.id} {row.label} {'enabled' if enabled else 'disabled'}"
 
     def list(self) -> str:
@@ -103,7 +111,7 @@ class ProxyAdmin:
                 row.bans,
                 _when(row.resting_until, now),
             )
-            for row in self.hub.proxies()
+            for row in self.pool.proxies()
         ]
         if not rows:
             return f"no proxies in the hub {self.hub.label}: add some with `scrapy proxies add URL`"
@@ -123,9 +131,42 @@ class ProxyAdmin:
                 item["bans"],
                 f"{item['ban_rate']:.1%}",
             )
-            for item in self.hub.usage_stats()
+            for item in self.pool.usage_stats()
         ]
         if not rows:
             return f"no proxies in the hub {self.hub.label}"
         headers = ("id", "proxy", "enabled", "leases", "requests", "bytes", "failures", "bans")
         return format_table((*headers, "ban rate"), rows)
+
+
+def open_url_list(path: str) -> AbstractContextManager[TextIO]:
+    """A URL list to read, ``-`` for standard input (left open)."""
+    if path == "-":
+        return nullcontext(sys.stdin)
+    try:
+        return open(path, encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise WorkQueueError(f"cannot read the URL list {path}: {exc.strerror}") from None
+
+
+class QueueAdmin:
+    """Load URL lists into the hub's work queues and report their progress."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+
+    def load(self, name: str, path: str) -> str:
+        """Add the list at *path* to queue *name* (created if new); what it did, and the
+        queue's progress."""
+        queue = WorkQueue(self.hub, name)
+        with open_url_list(path) as stream:
+            added, present = queue.load(list_lines(stream))
+        return (
+            f"queue {name!r} in {self.hub.label}: {added:,} URLs added, {present:,} already there\n"
+            f"queue {name!r}: {queue.progress().line()}"
+        )
+
+    def status(self, name: str) -> str:
+        """Done, leased, expired and pending counts of queue *name*."""
+        queue = WorkQueue(self.hub, name, create=False)
+        return f"queue {name!r}: {queue.progress().line()}"

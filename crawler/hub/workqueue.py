@@ -13,26 +13,26 @@ last renewed: its batch is then taken over, whole, by the next task that asks.
 - PostgreSQL: leases are taken with ``FOR UPDATE SKIP LOCKED``; SQLite: in one
   ``BEGIN IMMEDIATE`` transaction.
 
-    python -m crawler.workqueue load NAME URLS|-     # HUB_URL from the environment
-    python -m crawler.workqueue status NAME
+``scrapy queue load NAME URLS|-`` and ``scrapy queue status NAME`` (``commands/queue.py``
+over :class:`crawler.hub.admin.QueueAdmin`) load a list and show a queue's progress.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
-import os
-import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any, TextIO
+from typing import Any
 
-from crawler.hub import Holder, Hub, HubError
+from crawler.hub.db import Hub
+from crawler.hub.errors import HubError
+from crawler.hub.identity import Holder
 from crawler.keys import request_key
 
 WORK_SCHEMA_VERSION = 1
 LOAD_CHUNK = 5000
+_SCHEMA_LOCK = 7302519002  # serialises concurrent creators of these tables
 
 # Numbered migrations of the work tables, kept apart from the proxy tables' own.
 _WORK_MIGRATIONS: dict[int, list[str]] = {
@@ -136,21 +136,20 @@ class WorkQueue:
         self.queue_id = self._queue_id(create)
 
     def _queue_id(self, create: bool) -> int:
-        with self.hub._transaction() as cur:
+        with self.hub.transaction() as tx:
             if create:
-                self.hub._exec(
-                    cur,
+                tx.execute(
                     "INSERT INTO hub_work_queues (name, created) VALUES (?, NOW()) "
                     "ON CONFLICT (name) DO NOTHING",
                     (self.name,),
                 )
-            row = self.hub._exec(
-                cur, "SELECT id FROM hub_work_queues WHERE name = ?", (self.name,)
+            row = tx.execute(
+                "SELECT id FROM hub_work_queues WHERE name = ?", (self.name,)
             ).fetchone()
         if row is None:
             raise WorkQueueError(
                 f"no queue {self.name!r} in the hub {self.hub.label}: load it first "
-                "(python -m crawler.workqueue load NAME URLS)"
+                "(scrapy queue load NAME URLS)"
             )
         return int(row[0])
 
@@ -166,19 +165,17 @@ class WorkQueue:
         lines = iter(urls)
         while rows := [(self.queue_id, item_key(url), url) for url in islice(lines, chunk)]:
             seen += len(rows)
-            with self.hub._transaction() as cur:
-                cur.executemany(
-                    self.hub._dialect.sql(
-                        "INSERT INTO hub_work_items (queue_id, ukey, url) VALUES (?, ?, ?) "
-                        "ON CONFLICT (queue_id, ukey) DO NOTHING"
-                    ),
+            with self.hub.transaction() as tx:
+                tx.executemany(
+                    "INSERT INTO hub_work_items (queue_id, ukey, url) VALUES (?, ?, ?) "
+                    "ON CONFLICT (queue_id, ukey) DO NOTHING",
                     rows,
                 )
         added = self._count() - before
         return added, seen - added
 
     def _count(self) -> int:
-        rows = self.hub._query(
+        rows = self.hub.query(
             "SELECT COUNT(*) FROM hub_work_items WHERE queue_id = ?", (self.queue_id,)
         )
         return int(rows[0][0])
@@ -189,57 +186,49 @@ class WorkQueue:
         items; None when neither is there (see :meth:`progress` for why)."""
         if size < 1 or ttl <= 0:
             raise ValueError("a lease needs size >= 1 and ttl > 0")
-        lock = self.hub._dialect.lock_suffix
-        with self.hub._transaction() as cur:
-            ex = self.hub._exec
-            old = ex(
-                cur,
+        with self.hub.transaction() as tx:
+            lock = tx.dialect.skip_locked
+            old = tx.execute(
                 "SELECT id FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
                 "AND expires < NOW() ORDER BY expires LIMIT 1" + lock,
                 (self.queue_id,),
             ).fetchone()
-            lease_id, expires = ex(
-                cur,
+            lease_id, expires = tx.execute(
                 "INSERT INTO hub_work_leases (queue_id, holder, started, expires) "
                 "VALUES (?, ?, NOW(), NOW() + ?) RETURNING id, expires",
                 (self.queue_id, str(holder), ttl),
             ).fetchone()
             if old is not None:
-                ex(
-                    cur,
+                tx.execute(
                     "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'expired' WHERE id = ?",
                     (old[0],),
                 )
-                taken = ex(
-                    cur,
+                taken = tx.execute(
                     "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? "
                     "AND state = 'leased' RETURNING id, url",
                     (lease_id, old[0]),
                 ).fetchall()
             else:
-                taken = ex(
-                    cur,
+                taken = tx.execute(
                     "UPDATE hub_work_items SET state = 'leased', lease_id = ? WHERE id IN "
                     "(SELECT id FROM hub_work_items WHERE queue_id = ? AND state = 'pending' "
                     "ORDER BY id LIMIT ?" + lock + ") RETURNING id, url",
                     (lease_id, self.queue_id, size),
                 ).fetchall()
             if not taken:
-                ex(cur, "DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
+                tx.execute("DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
                 return None
-            ex(cur, "UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
+            tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
 
     def renew(self, batch: WorkBatch, ttl: float) -> bool:
         """Extend the lease by *ttl* from now; False if it ended (taken over)."""
-        with self.hub._transaction() as cur:
-            cur = self.hub._exec(
-                cur,
-                "UPDATE hub_work_leases SET expires = NOW() + ? WHERE id = ? AND ended IS NULL",
-                (ttl, batch.lease_id),
-            )
-            return cur.rowcount == 1
+        changed = self.hub.execute(
+            "UPDATE hub_work_leases SET expires = NOW() + ? WHERE id = ? AND ended IS NULL",
+            (ttl, batch.lease_id),
+        )
+        return changed == 1
 
     def done(self, batch: WorkBatch) -> bool:
         """Mark the batch's items done (final); False if the lease ended before."""
@@ -250,9 +239,8 @@ class WorkQueue:
         return self._end(batch, "released")
 
     def _end(self, batch: WorkBatch, reason: str) -> bool:
-        with self.hub._transaction() as cur:
-            ended = self.hub._exec(
-                cur,
+        with self.hub.transaction() as tx:
+            ended = tx.execute(
                 "UPDATE hub_work_leases SET ended = NOW(), end_reason = ? "
                 "WHERE id = ? AND ended IS NULL",
                 (reason, batch.lease_id),
@@ -263,12 +251,12 @@ class WorkQueue:
                 sql = "UPDATE hub_work_items SET state = 'done', done_at = NOW() "
             else:
                 sql = "UPDATE hub_work_items SET state = 'pending', lease_id = NULL "
-            self.hub._exec(cur, sql + "WHERE lease_id = ? AND state = 'leased'", (batch.lease_id,))
+            tx.execute(sql + "WHERE lease_id = ? AND state = 'leased'", (batch.lease_id,))
         return True
 
     # --- reporting --------------------------------------------------------------
     def progress(self) -> QueueProgress:
-        rows = self.hub._query(
+        rows = self.hub.query(
             "SELECT i.state, COALESCE(l.expires < NOW(), FALSE), COUNT(*) "
             "FROM hub_work_items i LEFT JOIN hub_work_leases l ON l.id = i.lease_id "
             "WHERE i.queue_id = ? GROUP BY 1, 2",
@@ -277,7 +265,7 @@ class WorkQueue:
         counts = {"pending": 0, "leased": 0, "expired": 0, "done": 0}
         for state, expired, n in rows:
             counts["expired" if state == "leased" and expired else state] += int(n)
-        holders = self.hub._query(
+        holders = self.hub.query(
             "SELECT COUNT(*) FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
             "AND expires >= NOW()",
             (self.queue_id,),
@@ -286,7 +274,7 @@ class WorkQueue:
 
     def leases(self) -> list[dict[str, Any]]:
         """Every lease of this queue, oldest first (for tests and status)."""
-        rows = self.hub._query(
+        rows = self.hub.query(
             "SELECT id, holder, started, expires, ended, end_reason, items "
             "FROM hub_work_leases WHERE queue_id = ? ORDER BY id",
             (self.queue_id,),
@@ -297,53 +285,4 @@ class WorkQueue:
 
 def ensure_work_schema(hub: Hub) -> int:
     """Create or upgrade the work tables; safe to call from many processes at once."""
-    d = hub._dialect
-    with hub._transaction() as cur:
-        if d.name == "postgresql":
-            cur.execute("SELECT pg_advisory_xact_lock(7302519002)")
-        hub._exec(cur, "CREATE TABLE IF NOT EXISTS hub_work_schema (version INTEGER NOT NULL)")
-        current = hub._exec(cur, "SELECT MAX(version) FROM hub_work_schema").fetchone()[0] or 0
-        for version in sorted(v for v in _WORK_MIGRATIONS if v > current):
-            for statement in _WORK_MIGRATIONS[version]:
-                hub._exec(cur, statement.format(id=d.id_type, real=d.real_type))
-            hub._exec(cur, "INSERT INTO hub_work_schema (version) VALUES (?)", (version,))
-    return max(current, WORK_SCHEMA_VERSION)
-
-
-def _open_list(path: str) -> TextIO:
-    if path == "-":
-        return sys.stdin
-    try:
-        return open(path, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise WorkQueueError(f"cannot read the URL list {path}: {exc.strerror}") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m crawler.workqueue", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    parser.add_argument("--hub", default=os.environ.get("HUB_URL", ""), help="default: $HUB_URL")
-    sub = parser.add_subparsers(dest="action", required=True)
-    load = sub.add_parser("load", help="add a URL list to a queue (created if new)")
-    load.add_argument("name")
-    load.add_argument("urls", help="the URL list, - for standard input")
-    status = sub.add_parser("status", help="done / leased / expired / pending counts")
-    status.add_argument("name")
-    args = parser.parse_args(argv)
-    try:
-        with Hub.open(args.hub) as hub:
-            queue = WorkQueue(hub, args.name, create=args.action == "load")
-            if args.action == "load":
-                with _open_list(args.urls) as stream:
-                    added, present = queue.load(list_lines(stream))
-                print(f"queue {args.name!r} in {hub.label}: {added:,} URLs added, "
-                      f"{present:,} already there")  # fmt: skip
-            print(f"queue {args.name!r}: {queue.progress().line()}")
-    except HubError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return hub.migrate("hub_work_schema", _WORK_MIGRATIONS, _SCHEMA_LOCK)

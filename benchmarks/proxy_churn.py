@@ -1,0 +1,42 @@
+"""A load generator for the hub's proxy pool: lease, hold, release in a loop.
+
+Run it in several processes at once against one hub: ``bench_proxies`` measures lease
+operations per second with it, and the hub's tests check that no two leases of one
+proxy ever overlap under it.
+
+    python -m benchmarks.proxy_churn HUB_URL SECONDS [HOLD_SECONDS]   # prints the leases done
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+
+from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts
+
+
+def churn(url: str, seconds: float, hold_seconds: float = 0.0, ttl: float = 60.0) -> int:
+    """Lease, hold up to *hold_seconds*, release, for *seconds*; return the leases done."""
+    rng = random.Random()
+    policy = RestPolicy(rest_seconds=0.0, ban_rest_seconds=0.0, jitter=0.0)
+    done = 0
+    with Hub.open(url) as hub:
+        pool = ProxyPool(hub)
+        holder = Holder.current()
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            lease = pool.acquire(holder, ttl)
+            if lease is None:
+                time.sleep(rng.uniform(0.0005, 0.005))
+                continue
+            if hold_seconds:
+                time.sleep(rng.uniform(0, hold_seconds))
+            pool.release(lease, "rotated", UsageCounts(requests=1), policy)
+            done += 1
+    return done
+
+
+if __name__ == "__main__":
+    hold = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
+    print(churn(sys.argv[1], float(sys.argv[2]), hold_seconds=hold))

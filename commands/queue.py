@@ -1,0 +1,52 @@
+"""``scrapy queue``: load URL lists into the hub's work queues and watch their progress."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from crawler.hub import Hub, HubError
+from crawler.hub.admin import QueueAdmin, hub_url_from
+
+ARGUMENTS = {"load": 2, "status": 1}
+
+
+class Command(ScrapyCommand):
+    requires_project = False
+    default_settings = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return "load NAME URLS|- | status NAME"
+
+    def short_desc(self) -> str:
+        return "Load a URL list into a work queue of the hub (HUB_URL), or show its progress"
+
+    def long_desc(self) -> str:
+        return (
+            "Work queues feed the Slurm queue mode (slurm/submit --queue): tasks lease "
+            "batches of URLs from them. `load` adds a URL list (one URL a line, - for "
+            "standard input) to the queue NAME, created if new; loading the same list "
+            "again adds nothing. `status` shows how many URLs are done, leased, expired "
+            "and pending. The hub is named by the HUB_URL setting or environment variable."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if not args or args[0] not in ARGUMENTS:
+            raise UsageError(f"give one of: {', '.join(ARGUMENTS)}")
+        action, rest = args[0], args[1:]
+        if len(rest) != ARGUMENTS[action]:
+            raise UsageError(f"`queue {action}` takes {ARGUMENTS[action]} argument(s)")
+        assert self.settings is not None
+        try:
+            with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
+                admin = QueueAdmin(hub)
+                print(admin.load(*rest) if action == "load" else admin.status(*rest))
+        except HubError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1

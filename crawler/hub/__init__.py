@@ -1,0 +1,57 @@
+"""The hub: shared crawl state in a database (SQLite, or PostgreSQL for many nodes).
+
+- ``db``: ``HUB_URL``, connections, dialects, transactions, schema versions.
+- ``redact``: credentials out of sight; proxy URLs checked.
+- ``identity``: who holds a lease (host, pid, Slurm job/task).
+- ``proxies``: the proxy pool table: managing it, leasing, usage.
+- ``workqueue``: URL lists that tasks lease in batches (queue mode).
+- ``admin``: what ``scrapy proxies`` and ``scrapy queue`` run.
+
+No Scrapy in here: tools, tests and benchmarks use the hub directly.
+"""
+
+from crawler.hub.db import Hub
+from crawler.hub.errors import (
+    HubError,
+    HubUnavailableError,
+    InvalidHubURLError,
+    InvalidProxyURLError,
+)
+from crawler.hub.identity import Holder, task_identity
+from crawler.hub.proxies import (
+    END_REASONS,
+    SCHEMA_VERSION,
+    Lease,
+    ProxyPool,
+    ProxyRow,
+    RestPolicy,
+    UsageCounts,
+    UsageRow,
+)
+from crawler.hub.redact import normalize_proxy_url, redact_text, redact_url
+from crawler.hub.workqueue import QueueProgress, WorkBatch, WorkQueue, WorkQueueError
+
+__all__ = [
+    "END_REASONS",
+    "SCHEMA_VERSION",
+    "Holder",
+    "Hub",
+    "HubError",
+    "HubUnavailableError",
+    "InvalidHubURLError",
+    "InvalidProxyURLError",
+    "Lease",
+    "ProxyPool",
+    "ProxyRow",
+    "QueueProgress",
+    "RestPolicy",
+    "UsageCounts",
+    "UsageRow",
+    "WorkBatch",
+    "WorkQueue",
+    "WorkQueueError",
+    "normalize_proxy_url",
+    "redact_text",
+    "redact_url",
+    "task_identity",
+]

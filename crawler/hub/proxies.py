@@ -1,0 +1,389 @@
+"""The hub's proxy pool: its tables and every statement on them.
+
+``hub_proxies`` has one row per proxy: its URL, whether it is enabled, and its lease
+state (``free``, ``leased`` by one holder until ``lease_expires``, ``resting`` or
+``banned`` until ``resting_until``). ``hub_proxy_usage`` has one row per lease: who
+held it, what went through it, and how it ended (``END_REASONS``).
+
+A lease is taken in one transaction that picks the least recently used proxy that is
+enabled, not resting and not under a live lease (PostgreSQL: ``FOR UPDATE SKIP
+LOCKED``; SQLite: the whole database under ``BEGIN IMMEDIATE``), so no proxy ever has
+two live holders. A lease whose holder stopped renewing it expires and is taken over.
+Releasing it lets the proxy rest (:class:`RestPolicy`) before anyone may lease it again.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crawler.hub.db import Hub, Transaction
+from crawler.hub.errors import HubError, InvalidProxyURLError
+from crawler.hub.identity import Holder
+from crawler.hub.redact import normalize_proxy_url, redact_url
+
+SCHEMA_VERSION = 1
+END_REASONS = ("rotated", "banned", "released", "expired")
+_SCHEMA_LOCK = 7302519001  # serialises concurrent creators of these tables
+
+_PROXY_COLUMNS = (
+    "id, url, enabled, state, holder, lease_id, lease_expires, stretch_uses, total_uses, "
+    "failures, bans, consecutive_bans, resting_until, last_used"
+)
+_USAGE_COLUMNS = (
+    "id, proxy_id, host, pid, task, started, ended, requests, bytes, failures, bans, end_reason"
+)
+
+# Numbered migrations; {id} and {real} differ between the dialects.
+_MIGRATIONS: dict[int, list[str]] = {
+    1: [
+        """CREATE TABLE IF NOT EXISTS hub_proxies (
+            id {id},
+            url TEXT NOT NULL UNIQUE,
+            enabled INTEGER NOT NULL DEFAULT 1,
+            state TEXT NOT NULL DEFAULT 'free',
+            holder TEXT,
+            lease_id BIGINT,
+            lease_expires {real},
+            stretch_uses INTEGER NOT NULL DEFAULT 0,
+            total_uses BIGINT NOT NULL DEFAULT 0,
+            failures BIGINT NOT NULL DEFAULT 0,
+            bans BIGINT NOT NULL DEFAULT 0,
+            consecutive_bans INTEGER NOT NULL DEFAULT 0,
+            resting_until {real},
+            last_used {real},
+            added {real}
+        )""",
+        """CREATE TABLE IF NOT EXISTS hub_proxy_usage (
+            id {id},
+            proxy_id BIGINT NOT NULL REFERENCES hub_proxies(id),
+            host TEXT NOT NULL,
+            pid INTEGER NOT NULL,
+            task TEXT NOT NULL DEFAULT '',
+            started {real} NOT NULL,
+            ended {real},
+            requests BIGINT NOT NULL DEFAULT 0,
+            bytes BIGINT NOT NULL DEFAULT 0,
+            failures BIGINT NOT NULL DEFAULT 0,
+            bans BIGINT NOT NULL DEFAULT 0,
+            end_reason TEXT
+        )""",
+        "CREATE INDEX IF NOT EXISTS hub_proxy_usage_proxy ON hub_proxy_usage (proxy_id, started)",
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A proxy held by this process until renewed or released."""
+
+    lease_id: int
+    proxy_id: int
+    url: str = field(repr=False)
+    label: str
+    started: float
+    expires: float
+
+
+@dataclass
+class UsageCounts:
+    """What a holder did through a proxy since it last reported."""
+
+    requests: int = 0
+    bytes: int = 0
+    failures: int = 0
+    bans: int = 0
+
+    def add(self, other: UsageCounts) -> None:
+        self.requests += other.requests
+        self.bytes += other.bytes
+        self.failures += other.failures
+        self.bans += other.bans
+
+    def take(self) -> UsageCounts:
+        """Return the counts and reset them to zero."""
+        taken = UsageCounts(self.requests, self.bytes, self.failures, self.bans)
+        self.requests = self.bytes = self.failures = self.bans = 0
+        return taken
+
+
+@dataclass(frozen=True)
+class RestPolicy:
+    """How long a released proxy rests before anyone may lease it again."""
+
+    rest_seconds: float = 60.0
+    ban_rest_seconds: float = 600.0
+    ban_rest_max_seconds: float = 6 * 3600.0
+    jitter: float = 0.25
+
+    def rest_for(self, reason: str, consecutive_bans: int, rng: random.Random) -> float:
+        if reason == "banned":
+            base = self.ban_rest_seconds * 2 ** max(consecutive_bans - 1, 0)
+            base = min(base, self.ban_rest_max_seconds)
+        else:
+            base = self.rest_seconds
+        if base <= 0:
+            return 0.0
+        return base * (1 + rng.uniform(-self.jitter, self.jitter))
+
+
+@dataclass(frozen=True)
+class ProxyRow:
+    id: int
+    url: str = field(repr=False)
+    enabled: bool
+    state: str
+    holder: str | None
+    lease_id: int | None
+    lease_expires: float | None
+    stretch_uses: int
+    total_uses: int
+    failures: int
+    bans: int
+    consecutive_bans: int
+    resting_until: float | None
+    last_used: float | None
+
+    @property
+    def label(self) -> str:
+        return redact_url(self.url)
+
+    def effective_state(self, now: float) -> str:
+        """The state as a person means it: an expired lease or a rest that ended is free."""
+        if not self.enabled:
+            return "disabled"
+        if self.state == "leased":
+            return "expired" if (self.lease_expires or 0) < now else "leased"
+        if self.resting_until and self.resting_until > now:
+            return self.state
+        return "free"
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    id: int
+    proxy_id: int
+    host: str
+    pid: int
+    task: str
+    started: float
+    ended: float | None
+    requests: int
+    bytes: int
+    failures: int
+    bans: int
+    end_reason: str | None
+
+
+class ProxyPool:
+    """The proxy tables of one hub: managing the pool, leasing, usage."""
+
+    def __init__(self, hub: Hub, rng: random.Random | None = None) -> None:
+        self.hub = hub
+        self._rng = rng or random.Random()
+        hub.migrate("hub_schema", _MIGRATIONS, _SCHEMA_LOCK)
+
+    def schema_version(self) -> int:
+        return self.hub.version("hub_schema")
+
+    # --- managing the pool --------------------------------------------------------
+    def add(self, urls: Iterable[str]) -> tuple[int, int]:
+        """Add proxies (validated first, all or none); return (added, already there)."""
+        normalized = [normalize_proxy_url(url) for url in urls]
+        added = 0
+        with self.hub.transaction() as tx:
+            for url in dict.fromkeys(normalized):
+                if tx.execute("SELECT id FROM hub_proxies WHERE url = ?", (url,)).fetchone():
+                    continue
+                tx.execute("INSERT INTO hub_proxies (url, added) VALUES (?, NOW())", (url,))
+                added += 1
+        return added, len(normalized) - added
+
+    def find(self, ref: str) -> ProxyRow:
+        """A proxy by id, by URL, or by the redacted URL that ``list`` shows."""
+        rows = self.proxies()
+        ref = ref.strip()
+        if ref.isdigit():
+            matches = [row for row in rows if row.id == int(ref)]
+        else:
+            try:
+                url = normalize_proxy_url(ref)
+            except InvalidProxyURLError:
+                url = ref
+            matches = [row for row in rows if url in (row.url, row.label)]
+        if len(matches) != 1:
+            what = "no proxy" if not matches else f"{len(matches)} proxies"
+            raise HubError(
+                f"{what} in the hub match {redact_url(ref)!r}: give an id or a URL "
+                "as `scrapy proxies list` shows it"
+            )
+        return matches[0]
+
+    def set_enabled(self, proxy_id: int, enabled: bool) -> None:
+        self.hub.execute(
+            "UPDATE hub_proxies SET enabled = ? WHERE id = ?", (int(enabled), proxy_id)
+        )
+
+    def end_rest(self, proxy_id: int | None = None) -> None:
+        """Let resting or banned proxies (all, or one) be leased again at once."""
+        sql = "UPDATE hub_proxies SET resting_until = NULL"
+        if proxy_id is None:
+            self.hub.execute(sql)
+        else:
+            self.hub.execute(sql + " WHERE id = ?", (proxy_id,))
+
+    def proxies(self) -> list[ProxyRow]:
+        rows = self.hub.query(f"SELECT {_PROXY_COLUMNS} FROM hub_proxies ORDER BY id")
+        return [_proxy_row(row) for row in rows]
+
+    def enabled_count(self) -> int:
+        return int(self.hub.query("SELECT COUNT(*) FROM hub_proxies WHERE enabled = 1")[0][0])
+
+    def usage(self, proxy_id: int | None = None) -> list[UsageRow]:
+        sql = f"SELECT {_USAGE_COLUMNS} FROM hub_proxy_usage"
+        params: tuple[Any, ...] = ()
+        if proxy_id is not None:
+            sql, params = sql + " WHERE proxy_id = ?", (proxy_id,)
+        rows = self.hub.query(sql + " ORDER BY id", params)
+        return [UsageRow(*row) for row in rows]
+
+    def usage_stats(self) -> list[dict[str, Any]]:
+        """Per proxy, over its usage rows: leases, requests, bytes, failures, bans."""
+        rows = self.hub.query(
+            "SELECT p.id, p.url, p.enabled, COUNT(u.id), COALESCE(SUM(u.requests), 0), "
+            "COALESCE(SUM(u.bytes), 0), COALESCE(SUM(u.failures), 0), "
+            "COALESCE(SUM(u.bans), 0) "
+            "FROM hub_proxies p LEFT JOIN hub_proxy_usage u ON u.proxy_id = p.id "
+            "GROUP BY p.id, p.url, p.enabled ORDER BY p.id"
+        )
+        keys = ("id", "url", "enabled", "leases", "requests", "bytes", "failures", "bans")
+        stats = []
+        for row in rows:
+            values = (v if k == "url" else int(v) for k, v in zip(keys, row, strict=True))
+            item = dict(zip(keys, values, strict=True))
+            item["enabled"] = bool(item["enabled"])
+            item["label"] = redact_url(item.pop("url"))
+            item["ban_rate"] = item["bans"] / item["requests"] if item["requests"] else 0.0
+            stats.append(item)
+        return stats
+
+    # --- leases -------------------------------------------------------------------
+    def acquire(self, holder: Holder, ttl: float) -> Lease | None:
+        """Lease the least recently used free proxy for *ttl* seconds, or return None."""
+        with self.hub.transaction() as tx:
+            row = tx.execute(
+                "SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
+                "WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < NOW()) "
+                "AND COALESCE(resting_until, 0) <= NOW() "
+                "ORDER BY COALESCE(last_used, 0), id LIMIT 1" + tx.dialect.skip_locked,
+            ).fetchone()
+            if row is None:
+                return None
+            proxy_id, url, state, old_lease, old_expires = row
+            if state == "leased" and old_lease is not None:
+                tx.execute(
+                    "UPDATE hub_proxy_usage SET ended = ?, end_reason = 'expired' "
+                    "WHERE id = ? AND ended IS NULL",
+                    (old_expires, old_lease),
+                )
+            lease_id, started = tx.execute(
+                "INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, started) "
+                "VALUES (?, ?, ?, ?, NOW()) RETURNING id, started",
+                (proxy_id, holder.host, holder.pid, holder.task),
+            ).fetchone()
+            expires = started + ttl
+            tx.execute(
+                "UPDATE hub_proxies SET state = 'leased', holder = ?, lease_id = ?, "
+                "lease_expires = ?, stretch_uses = 0, last_used = ? WHERE id = ?",
+                (str(holder), lease_id, expires, started, proxy_id),
+            )
+        return Lease(lease_id, proxy_id, url, redact_url(url), started, expires)
+
+    def renew(self, lease: Lease, ttl: float, counts: UsageCounts | None = None) -> bool:
+        """Extend a lease by *ttl* from now and record usage; False if the lease was lost."""
+        counts = counts or UsageCounts()
+        with self.hub.transaction() as tx:
+            _add_usage(tx, lease, counts)
+            cur = tx.execute(
+                "UPDATE hub_proxies SET lease_expires = NOW() + ?, "
+                "stretch_uses = stretch_uses + ?, total_uses = total_uses + ?, "
+                "failures = failures + ?, bans = bans + ? "
+                "WHERE id = ? AND lease_id = ? AND state = 'leased'",
+                (ttl, counts.requests, counts.requests, counts.failures, counts.bans)
+                + (lease.proxy_id, lease.lease_id),
+            )
+            return cur.rowcount == 1
+
+    def renew_many(self, items: Iterable[tuple[Lease, UsageCounts]], ttl: float) -> list[bool]:
+        """:meth:`renew` each lease with its counts (a heartbeat); one result per lease."""
+        return [self.renew(lease, ttl, counts) for lease, counts in items]
+
+    def release(
+        self,
+        lease: Lease,
+        reason: str,
+        counts: UsageCounts | None = None,
+        policy: RestPolicy | None = None,
+    ) -> bool:
+        """End a lease: close its usage row and let the proxy rest; False if it was lost."""
+        if reason not in END_REASONS:
+            raise ValueError(f"release reason {reason!r} is not one of {END_REASONS}")
+        counts, policy = counts or UsageCounts(), policy or RestPolicy()
+        with self.hub.transaction() as tx:
+            _add_usage(tx, lease, counts)
+            row = tx.execute(
+                "SELECT consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ?"
+                + tx.dialect.for_update,
+                (lease.proxy_id, lease.lease_id),
+            ).fetchone()
+            if row is None:
+                return False
+            streak = row[0] + 1 if reason == "banned" else 0
+            rested = counts.requests > 0 or reason == "banned" or _used(tx, lease)
+            rest = policy.rest_for(reason, streak, self._rng) if rested else 0.0
+            tx.execute(
+                "UPDATE hub_proxy_usage SET ended = NOW(), end_reason = ? "
+                "WHERE id = ? AND ended IS NULL",
+                (reason, lease.lease_id),
+            )
+            state = "banned" if reason == "banned" else ("resting" if rest > 0 else "free")
+            tx.execute(
+                "UPDATE hub_proxies SET state = ?, holder = NULL, lease_id = NULL, "
+                "lease_expires = NULL, resting_until = NOW() + ?, consecutive_bans = ?, "
+                "total_uses = total_uses + ?, failures = failures + ?, bans = bans + ?, "
+                "stretch_uses = stretch_uses + ?, last_used = NOW() WHERE id = ?",
+                (state, rest, streak, counts.requests, counts.failures, counts.bans)
+                + (counts.requests, lease.proxy_id),
+            )
+        return True
+
+    def release_many(
+        self, ends: Iterable[tuple[Lease, str, UsageCounts]], policy: RestPolicy | None = None
+    ) -> list[bool]:
+        """:meth:`release` each (lease, reason, counts); one result per lease."""
+        return [self.release(lease, reason, counts, policy) for lease, reason, counts in ends]
+
+
+def _used(tx: Transaction, lease: Lease) -> bool:
+    row = tx.execute(
+        "SELECT requests FROM hub_proxy_usage WHERE id = ?", (lease.lease_id,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def _add_usage(tx: Transaction, lease: Lease, counts: UsageCounts) -> None:
+    if not (counts.requests or counts.bytes or counts.failures or counts.bans):
+        return
+    tx.execute(
+        "UPDATE hub_proxy_usage SET requests = requests + ?, bytes = bytes + ?, "
+        "failures = failures + ?, bans = bans + ? WHERE id = ?",
+        (counts.requests, counts.bytes, counts.failures, counts.bans, lease.lease_id),
+    )
+
+
+def _proxy_row(row: tuple[Any, ...]) -> ProxyRow:
+    values = list(row)
+    values[2] = bool(values[2])
+    return ProxyRow(*values)
