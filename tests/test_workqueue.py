@@ -70,12 +70,20 @@ def test_leases_are_exclusive_and_done_is_final(queue):
     assert queue.lease("f", 10, ttl=60) is None
 
 
+def wait_until(predicate, what: str) -> None:
+    """Poll until *predicate* holds (bounded: a hub that never gets there fails the test)."""
+    for _ in range(1200):
+        if predicate():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"gave up waiting for {what}")
+
+
 def test_expired_batch_is_taken_over_whole(queue):
     dead = queue.lease("dead", 10, ttl=0.2)
     live = queue.lease("live", 10, ttl=60)
     assert queue.renew(live, 60)
-    time.sleep(0.4)
-    assert queue.progress().expired == 10
+    wait_until(lambda: queue.progress().expired == 10, "the dead holder's lease to expire")
     taken = queue.lease("heir", 3, ttl=60)  # the expired batch first, whole
     assert taken.urls == dead.urls and taken.taken_over == dead.lease_id
     # The dead holder has lost it: no renewal, no done, no release.
@@ -86,12 +94,15 @@ def test_expired_batch_is_taken_over_whole(queue):
     assert reasons["dead"] == "expired" and reasons["heir"] == "done"
 
 
-def test_renewed_lease_does_not_expire(queue):
-    batch = queue.lease("a", 5, ttl=0.5)
-    for _ in range(4):
-        time.sleep(0.2)
-        assert queue.renew(batch, 0.5)
+def test_renewal_keeps_a_batch_from_being_taken_over(queue):
+    batch = queue.lease("a", 5, ttl=0.05)
+    wait_until(lambda: queue.progress().expired == 5, "the lease to run out")
+    # Run out but not taken over yet: a renewal makes it live again, from now.
+    assert queue.renew(batch, 60)
+    progress = queue.progress()
+    assert (progress.expired, progress.leased, progress.holders) == (0, 5, 1)
     assert queue.lease("b", 100, ttl=60).urls == tuple(URLS[5:])
+    assert queue.renew(batch, 60) and queue.done(batch)
 
 
 def test_no_url_leased_twice_under_contention(hub_url):  # noqa: F811
