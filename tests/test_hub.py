@@ -65,6 +65,26 @@ def start_python(*args: str) -> subprocess.Popen[str]:
     )
 
 
+NO_SCRAPY = """
+    import importlib.abc, sys
+
+    class Blocked(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.partition(".")[0] in ("scrapy", "twisted"):
+                raise ImportError(f"{name} is blocked")
+
+    sys.meta_path.insert(0, Blocked())
+    import crawler.hub, crawler.hub.admin, crawler.hub.leases
+    print("imported")
+"""
+
+
+def test_the_hub_needs_no_scrapy():
+    """Tools, tests and benchmarks use the hub without Scrapy or Twisted installed."""
+    done = run_python(NO_SCRAPY)
+    assert done.stdout.strip() == "imported", done.stderr
+
+
 # --- URLs --------------------------------------------------------------------------
 def test_redact_url():
     assert redact_url("http://user:secret@host:3128") == "http://user:***@host:3128"

@@ -4,6 +4,7 @@
 - ``redact``: credentials out of sight; proxy URLs checked.
 - ``identity``: who holds a lease (host, pid, Slurm job/task).
 - ``proxies``: the proxy pool table: managing it, leasing, usage.
+- ``leases``: one process's leases (LeasePool): rotation, bans, heartbeat, waiting.
 - ``workqueue``: URL lists that tasks lease in batches (queue mode).
 - ``admin``: what ``scrapy proxies`` and ``scrapy queue`` run.
 
@@ -18,6 +19,15 @@ from crawler.hub.errors import (
     InvalidProxyURLError,
 )
 from crawler.hub.identity import Holder, task_identity
+from crawler.hub.leases import (
+    Attempt,
+    Finished,
+    LeaseConfig,
+    LeaseEvents,
+    LeasePool,
+    LeaseView,
+    PoolClosedError,
+)
 from crawler.hub.proxies import (
     END_REASONS,
     SCHEMA_VERSION,
@@ -34,6 +44,8 @@ from crawler.hub.workqueue import QueueProgress, WorkBatch, WorkQueue, WorkQueue
 __all__ = [
     "END_REASONS",
     "SCHEMA_VERSION",
+    "Attempt",
+    "Finished",
     "Holder",
     "Hub",
     "HubError",
@@ -41,6 +53,11 @@ __all__ = [
     "InvalidHubURLError",
     "InvalidProxyURLError",
     "Lease",
+    "LeaseConfig",
+    "LeaseEvents",
+    "LeasePool",
+    "LeaseView",
+    "PoolClosedError",
     "ProxyPool",
     "ProxyRow",
     "QueueProgress",
