@@ -7,33 +7,50 @@ them, renews the leases with a heartbeat, lets a proxy go after ``PROXY_ROTATE_E
 uses (only once every request it sent through it has finished) and ends a lease at once
 when the proxy looks banned, retrying the request through another proxy.
 
-Every blocking hub call runs in one dedicated thread, never on the reactor thread.
+The lease state machine is :class:`crawler.hub.leases.LeasePool`; this middleware is
+its Scrapy side: settings, request meta, ban verdicts, retries, stats and logs. Every
+blocking hub call runs in one dedicated thread, never on the reactor thread.
+Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's lease.
+
+Longer than most modules here: with the middleware live what tie the lease pool to
+Scrapy and Twisted, each too small for a module of its own: the ``PROXY_*`` settings
+(:class:`ProxyLeaseConfig`), the pool's clock and hub thread on the reactor, and its
+events as stats and log lines.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-from dataclasses import dataclass, field, fields
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from time import monotonic
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
 from scrapy.core.downloader.handlers.http11 import TunnelError
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import error as txerror
-from twisted.internet.defer import Deferred, DeferredList
-from twisted.internet.task import LoopingCall
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
+from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, Lease, ProxyPool, RestPolicy, UsageCounts
+from crawler.hub import Holder, Hub, ProxyPool, RestPolicy
+from crawler.hub.leases import (
+    Finished,
+    LeaseConfig,
+    LeaseEvents,
+    LeasePool,
+    LeaseView,
+    PoolClosedError,
+    Timer,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from scrapy import Request
     from scrapy.crawler import Crawler
@@ -180,23 +197,151 @@ class ProxyLeaseConfig:
             jitter=self.rest_jitter,
         )
 
-
-@dataclass(eq=False)
-class _Held:
-    """A lease this process holds, with what it sent through it."""
-
-    lease: Lease
-    deadline: float  # monotonic time the lease runs out unless renewed
-    assigned: int = 0
-    inflight: int = 0
-    draining: str | None = None  # end reason, once no new request may use it
-    lost: bool = False
-    releasing: bool = False
-    counts: UsageCounts = field(default_factory=UsageCounts)
-
     @property
-    def slot(self) -> str:
-        return f"proxy-{self.lease.proxy_id}"
+    def pool_config(self) -> LeaseConfig:
+        return LeaseConfig(
+            lease_ttl=self.lease_ttl,
+            heartbeat=self.heartbeat,
+            rotate_every=self.rotate_every,
+            leases_per_process=self.leases_per_process,
+            poll_seconds=self.poll_seconds,
+            rest=self.rest_policy,
+        )
+
+
+T = TypeVar("T")
+
+
+class _ReactorClock:
+    """The lease pool's clock: monotonic time, the reactor's timers."""
+
+    def now(self) -> float:
+        return monotonic()
+
+    def call_later(self, delay: float, fn: Callable[[], Any]) -> Timer:
+        from twisted.internet import reactor
+
+        return reactor.callLater(delay, fn)
+
+
+class _HubThread:
+    """Runs hub calls in one dedicated thread; results come back on the reactor thread."""
+
+    def __init__(self) -> None:
+        self._pool = ThreadPool(minthreads=1, maxthreads=1, name="proxy-hub")
+        self._shutdown: Any = None
+
+    def defer(self, fn: Callable[[], T]) -> Deferred[T]:
+        from twisted.internet import reactor
+
+        if not self._pool.started:
+            self._pool.start()
+            self._shutdown = reactor.addSystemEventTrigger("during", "shutdown", self.stop)
+        return deferToThreadPool(reactor, self._pool, fn)
+
+    def run(
+        self, fn: Callable[[], T], done: Callable[[T], None], failed: Callable[[Exception], None]
+    ) -> None:
+        d = self.defer(fn)
+        d.addCallbacks(done, lambda f: failed(f.value))
+        d.addErrback(self._unexpected)
+
+    @staticmethod
+    def _unexpected(failure: Failure) -> None:
+        logger.error(
+            "Proxy lease bookkeeping failed: %s",
+            failure.value,
+            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
+        )
+
+    def stop(self) -> None:
+        from twisted.internet import reactor
+
+        if self._shutdown is not None:
+            reactor.removeSystemEventTrigger(self._shutdown)
+            self._shutdown = None
+        if self._pool.started and not self._pool.joined:
+            self._pool.stop()
+
+
+class _StatsAndLogs(LeaseEvents):
+    """What the lease pool reports, as stats and log lines."""
+
+    def __init__(self, mw: ProxyLeaseMiddleware) -> None:
+        self.mw = mw
+        self.stats = mw.stats
+        self._last_wait_log = -1e9
+
+    def acquired(self, lease: LeaseView, held: int) -> None:
+        self.stats.inc_value("proxy/leases_acquired")
+        self.stats.max_value("proxy/leases_held_max", held)
+        logger.info("Leased proxy #%d %s (lease %d)", lease.proxy_id, lease.label, lease.lease_id)
+
+    def none_free(self) -> None:
+        self.stats.inc_value("proxy/acquire_none_free")
+
+    def acquire_failed(self, error: Exception) -> None:
+        self.stats.inc_value("proxy/hub_errors")
+        logger.error("Could not lease a proxy from %s: %s", self.mw.hub.label, error)
+
+    def released(self, lease: LeaseView, reason: str, ok: bool) -> None:
+        if not ok:
+            self.stats.inc_value("proxy/leases_lost")
+            logger.warning(
+                "Lease %d on proxy %s had already expired when released",
+                lease.lease_id,
+                lease.label,
+            )
+            return
+        self.stats.inc_value(f"proxy/leases_released/{reason}")
+        logger.info(
+            "Released proxy #%d %s (%s after %d request(s))",
+            lease.proxy_id,
+            lease.label,
+            reason,
+            lease.uses,
+        )
+
+    def lost(self, lease: LeaseView) -> None:
+        self.stats.inc_value("proxy/leases_lost")
+        logger.warning(
+            "Lost the lease on proxy #%d %s: it expired (PROXY_LEASE_TTL=%g s) and "
+            "was taken over; no more requests go through it",
+            lease.proxy_id,
+            lease.label,
+            self.mw.config.lease_ttl,
+        )
+
+    def hub_failed(self, error: Exception, doing: str) -> None:
+        self.stats.inc_value("proxy/hub_errors")
+        logger.error("Hub %s failed while %s: %s", self.mw.hub.label, doing, error)
+
+    def wait_started(self, waiting: int, shortage: bool) -> None:
+        self.stats.inc_value("proxy/requests_waited")
+        now = monotonic()
+        if not shortage:
+            # Not a shortage: a lease of ours is finishing its requests before rotating.
+            logger.debug("Waiting for a proxy lease to rotate (%d waiting)", waiting)
+        elif now - self._last_wait_log >= self.mw.config.wait_log_seconds:
+            self._last_wait_log = now
+            logger.warning(
+                "No proxy free in the hub %s: %d request(s) waiting for a lease "
+                "(holding %d of PROXY_LEASES_PER_PROCESS=%d)",
+                self.mw.hub.label,
+                waiting,
+                len(self.mw.pool.leases),
+                self.mw.config.leases_per_process,
+            )
+
+    def wait_ended(self, seconds: float) -> None:
+        self.stats.inc_value("proxy/wait_seconds", round(seconds, 3))
+        self.stats.max_value("proxy/wait_seconds_max", round(seconds, 3))
+
+    def heartbeat(self) -> None:
+        self.stats.inc_value("proxy/heartbeats")
+
+    def heartbeat_stopped(self, error: Exception) -> None:
+        logger.error("Proxy lease heartbeat stopped: %s", error)
 
 
 class ProxyLeaseMiddleware:
@@ -208,33 +353,26 @@ class ProxyLeaseMiddleware:
         self.config = ProxyLeaseConfig.from_settings(crawler.settings)
         self.hub = hub or Hub.open(self.config.hub_url, self.config.connect_timeout)
         try:
-            self.proxies = ProxyPool(self.hub)
+            proxies = ProxyPool(self.hub)
+            enabled = proxies.enabled_count()
         except Exception:
             self.hub.close()
             raise
-        if self.proxies.enabled_count() == 0:
-            label = self.hub.label
+        if enabled == 0:
             self.hub.close()
             raise NotConfigured(
-                f"the hub {label} has no enabled proxies: the crawl goes direct "
+                f"the hub {self.hub.label} has no enabled proxies: the crawl goes direct "
                 "(add some with `scrapy proxies add URL`)"
             )
-        self.holder = Holder.current()
-        self.policy = self.config.rest_policy
-        self._leases: dict[int, _Held] = {}
-        self._attempts: dict[int, _Held] = {}
-        self._tokens = itertools.count(1)
-        self._waiters: list[Deferred[None]] = []
-        self._acquiring = False
-        self._next_acquire = 0.0
-        self._waiting = 0
-        self._last_wait_log = -1e9
-        self._pending: set[Deferred[Any]] = set()
-        self._closed = False
-        self._pool = ThreadPool(minthreads=1, maxthreads=1, name="proxy-hub")
-        self._shutdown: Any = None
-        self._heartbeat: LoopingCall | None = None
-        self._beating = False
+        self._thread = _HubThread()
+        self.pool = LeasePool(
+            proxies,
+            Holder.current(),
+            self.config.pool_config,
+            _ReactorClock(),
+            self._thread,
+            _StatsAndLogs(self),
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> ProxyLeaseMiddleware:
@@ -252,117 +390,70 @@ class ProxyLeaseMiddleware:
             self.config.rotate_every,
             self.config.lease_ttl,
         )
-        self._heartbeat = LoopingCall(self._beat)
-        self._heartbeat.start(self.config.heartbeat, now=False).addErrback(
-            lambda f: logger.error("Proxy lease heartbeat stopped: %s", f.value)
-        )
+        self.pool.start()
 
     async def spider_closed(self) -> None:
         """Release every lease (usage rows closed), then close the hub."""
-        self._closed = True
-        if self._heartbeat is not None and self._heartbeat.running:
-            self._heartbeat.stop()
-        self._wake()
-        if self._pending:
-            await maybe_deferred_to_future(DeferredList(list(self._pending), consumeErrors=True))
-        ends = []
-        for held in list(self._leases.values()):
-            if not (held.releasing or held.lost):
-                held.releasing = True
-                ends.append((held, held.draining or "released", held.counts.take()))
+        closed: Deferred[None] = Deferred()
+        self.pool.close(lambda: closed.callback(None))
         try:
-            if ends:
-                batch = [(h.lease, reason, counts) for h, reason, counts in ends]
-                results = await maybe_deferred_to_future(self._call(self._release_all, batch))
-                self._released_all(results, ends)
-            await maybe_deferred_to_future(self._call(self.hub.close))
+            await maybe_deferred_to_future(closed)
+            await maybe_deferred_to_future(self._thread.defer(self.hub.close))
         except Exception as exc:
-            self._hub_failed(exc, "releasing proxy leases at close")
+            self.pool.events.hub_failed(exc, "releasing proxy leases at close")
         finally:
-            self._stop_pool()
+            self._thread.stop()
 
-    def _release_all(self, ends: list[tuple[Lease, str, UsageCounts]]) -> list[bool]:
-        return [
-            self.proxies.release(lease, reason, counts, self.policy)
-            for lease, reason, counts in ends
-        ]
-
-    def _released_all(
-        self, results: list[bool], ends: list[tuple[_Held, str, UsageCounts]]
-    ) -> None:
-        for (held, reason, _), ok in zip(ends, results, strict=True):
-            self._leases.pop(held.lease.lease_id, None)
-            self._count_release(held, reason, ok)
-
-    def _stop_pool(self) -> None:
-        from twisted.internet import reactor
-
-        if self._shutdown is not None:
-            reactor.removeSystemEventTrigger(self._shutdown)
-            self._shutdown = None
-        if self._pool.started and not self._pool.joined:
-            self._pool.stop()
-
-    # --- hub calls, off the reactor thread ----------------------------------------
-    def _call(self, func: Callable[..., Any], *args: Any) -> Deferred[Any]:
-        from twisted.internet import reactor
-
-        if not self._pool.started:
-            self._pool.start()
-            self._shutdown = reactor.addSystemEventTrigger("during", "shutdown", self._stop_pool)
-        return deferToThreadPool(reactor, self._pool, func, *args)
-
-    def _hub_failed(self, error: Any, doing: str) -> None:
-        """Log and count a failed hub call (*error*: an exception or a Failure)."""
-        self.stats.inc_value("proxy/hub_errors")
-        logger.error(
-            "Hub %s failed while %s: %s", self.hub.label, doing, getattr(error, "value", error)
-        )
+    # --- what other components ask ---------------------------------------------------
+    def lease_for(self, request: Request) -> LeaseView | None:
+        """The lease this attempt of *request* goes through, or None (direct, or done)."""
+        token = request.meta.get(META_TOKEN)
+        return self.pool.lease_of(token) if token is not None else None
 
     # --- requests -----------------------------------------------------------------
     async def process_request(self, request: Request) -> None:
         if not self._wants_proxy(request):
             return
-        self._finish(request)  # a retried copy still carries its previous attempt
-        held = await self._lease_for(request)
-        token = next(self._tokens)
-        self._attempts[token] = held
-        held.assigned += 1
-        held.inflight += 1
-        if held.assigned >= self.config.rotate_every and held.draining is None:
-            held.draining = "rotated"
-        request.meta[META_TOKEN] = token
-        request.meta["proxy"] = held.lease.url
-        request.meta[META_LABEL] = held.lease.label
-        request.meta["download_slot"] = held.slot
+        self._drop(request)  # a retried copy still carries its previous attempt
+        avoid = set(request.meta.get(META_AVOID, ()))
+        leased: Deferred[Any] = Deferred(lambda _: waiting.cancel())
+        waiting = self.pool.take(avoid, leased.callback, leased.errback)
+        try:
+            attempt = await maybe_deferred_to_future(leased)
+        except PoolClosedError:
+            raise IgnoreRequest("the spider is closing: no proxy leases any more") from None
+        lease = attempt.lease
+        request.meta[META_TOKEN] = attempt.token
+        request.meta["proxy"] = lease.proxy_url
+        request.meta[META_LABEL] = lease.label
+        request.meta["download_slot"] = lease.slot
         self.stats.inc_value("proxy/requests")
-        logger.debug("Sending %s through proxy %s", request, held.lease.label)
+        logger.debug("Sending %s through proxy %s", request, lease.label)
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
-        held = self._finish(request)
-        if held is None:
+        token = request.meta.get(META_TOKEN, 0)
+        if self.pool.lease_of(token) is None:
             return response
-        held.counts.requests += 1
-        held.counts.bytes += len(response.body)
-        retry = None
-        if self._response_is_ban(request, response):
-            retry = self._banned(request, held, f"status {response.status}")
-            self.stats.inc_value(f"proxy/bans/status/{response.status}")
-        self._maybe_release(held)
-        return retry or response
+        with self._finishing(request, token, nbytes=len(response.body)):
+            banned = self._response_is_ban(request, response)
+        finished = self._finish(request, token, nbytes=len(response.body), banned=banned)
+        if not banned:
+            return response
+        self.stats.inc_value(f"proxy/bans/status/{response.status}")
+        return self._banned(request, finished, f"status {response.status}") or response
 
     def process_exception(self, request: Request, exception: Exception) -> Request | None:
-        held = self._finish(request)
-        if held is None:
+        token = request.meta.get(META_TOKEN, 0)
+        if self.pool.lease_of(token) is None:
             return None
-        held.counts.requests += 1
-        held.counts.failures += 1
-        retry = None
-        if self._exception_is_ban(request, exception):
-            retry = self._banned(request, held, type(exception).__name__)
-            self.stats.inc_value(f"proxy/bans/exception/{type(exception).__name__}")
-        self._maybe_release(held)
-        return retry
+        with self._finishing(request, token, failed=True):
+            banned = self._exception_is_ban(request, exception)
+        finished = self._finish(request, token, failed=True, banned=banned)
+        if not banned:
+            return None
+        name = type(exception).__name__
+        self.stats.inc_value(f"proxy/bans/exception/{name}")
+        return self._banned(request, finished, name)
 
     def _wants_proxy(self, request: Request) -> bool:
         if request.meta.get("proxy_lease", True) is False:
@@ -370,128 +461,25 @@ class ProxyLeaseMiddleware:
         # A proxy the spider chose itself (not one we set) is left alone.
         return not ("proxy" in request.meta and META_TOKEN not in request.meta)
 
-    def _finish(self, request: Request) -> _Held | None:
-        """End this attempt's hold on its lease (once), dropping the credentials header."""
-        held = self._attempts.pop(request.meta.get(META_TOKEN, 0), None)
-        if held is not None:
-            held.inflight -= 1
+    def _finish(self, request: Request, token: int, **outcome: Any) -> Finished:
+        """End this attempt's hold on its lease, dropping the credentials header."""
+        request.headers.pop(b"Proxy-Authorization", None)
+        finished = self.pool.finish(token, **outcome)
+        assert finished is not None  # checked live by the caller, on this thread
+        return finished
+
+    @contextmanager
+    def _finishing(self, request: Request, token: int, **outcome: Any) -> Iterator[None]:
+        """If the spider's ban verdict raises, the attempt still ends before it goes on."""
+        try:
+            yield
+        except BaseException:
+            self._finish(request, token, **outcome)
+            raise
+
+    def _drop(self, request: Request) -> None:
+        if self.pool.drop(request.meta.get(META_TOKEN, 0)):
             request.headers.pop(b"Proxy-Authorization", None)
-        return held
-
-    # --- choosing and leasing ------------------------------------------------------
-    async def _lease_for(self, request: Request) -> _Held:
-        avoid = set(request.meta.get(META_AVOID, ()))
-        waited_since = None
-        try:
-            while True:
-                if self._closed:
-                    raise IgnoreRequest("the spider is closing: no proxy leases any more")
-                held = self._choose(avoid)
-                wants_more = held is None or held.inflight > 0
-                if wants_more and self._may_acquire() and await self._acquire():
-                    continue
-                if held is not None:
-                    return held
-                if waited_since is None:
-                    waited_since = self._start_wait()
-                await self._wait()
-        finally:
-            if waited_since is not None:
-                self._end_wait(waited_since)
-
-    def _usable(self, held: _Held, now: float) -> bool:
-        margin = self.config.lease_ttl / 4
-        return not (held.draining or held.lost or held.releasing) and now < held.deadline - margin
-
-    def _choose(self, avoid: set[int]) -> _Held | None:
-        now = monotonic()
-        usable = [h for h in self._leases.values() if self._usable(h, now)]
-        preferred = [h for h in usable if h.lease.proxy_id not in avoid] or usable
-        if not preferred:
-            return None
-        return min(preferred, key=lambda h: (h.inflight, h.lease.lease_id))
-
-    def _may_acquire(self) -> bool:
-        return (
-            not self._acquiring
-            and len(self._leases) < self.config.leases_per_process
-            and monotonic() >= self._next_acquire
-        )
-
-    async def _acquire(self) -> bool:
-        """Lease one more proxy; False when the hub has none free (then poll later)."""
-        self._acquiring = True
-        started = monotonic()
-        try:
-            lease = await maybe_deferred_to_future(
-                self._call(self.proxies.acquire, self.holder, self.config.lease_ttl)
-            )
-        except Exception as exc:
-            self.stats.inc_value("proxy/hub_errors")
-            logger.error("Could not lease a proxy from %s: %s", self.hub.label, exc)
-            lease = None
-        finally:
-            self._acquiring = False
-        if lease is None:
-            self._next_acquire = monotonic() + self.config.poll_seconds
-            self.stats.inc_value("proxy/acquire_none_free")
-            self._wake()
-            return False
-        held = _Held(lease, deadline=started + self.config.lease_ttl)
-        self._leases[lease.lease_id] = held
-        self.stats.inc_value("proxy/leases_acquired")
-        self.stats.max_value("proxy/leases_held_max", len(self._leases))
-        logger.info("Leased proxy #%d %s (lease %d)", lease.proxy_id, lease.label, lease.lease_id)
-        self._wake()
-        return True
-
-    # --- waiting --------------------------------------------------------------------
-    def _start_wait(self) -> float:
-        self._waiting += 1
-        self.stats.inc_value("proxy/requests_waited")
-        now = monotonic()
-        if now >= self._next_acquire:
-            # Not a shortage: a lease of ours is finishing its requests before rotating.
-            logger.debug("Waiting for a proxy lease to rotate (%d waiting)", self._waiting)
-        elif now - self._last_wait_log >= self.config.wait_log_seconds:
-            self._last_wait_log = now
-            logger.warning(
-                "No proxy free in the hub %s: %d request(s) waiting for a lease "
-                "(holding %d of PROXY_LEASES_PER_PROCESS=%d)",
-                self.hub.label,
-                self._waiting,
-                len(self._leases),
-                self.config.leases_per_process,
-            )
-        return now
-
-    def _end_wait(self, since: float) -> None:
-        self._waiting -= 1
-        waited = monotonic() - since
-        self.stats.inc_value("proxy/wait_seconds", round(waited, 3))
-        self.stats.max_value("proxy/wait_seconds_max", round(waited, 3))
-
-    async def _wait(self) -> None:
-        from twisted.internet import reactor
-
-        d: Deferred[None] = Deferred()
-        self._waiters.append(d)
-        timer = reactor.callLater(self.config.poll_seconds, self._fire, d)
-        try:
-            await maybe_deferred_to_future(d)
-        finally:
-            if timer.active():
-                timer.cancel()
-
-    @staticmethod
-    def _fire(d: Deferred[None]) -> None:
-        if not d.called:
-            d.callback(None)
-
-    def _wake(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for d in waiters:
-            self._fire(d)
 
     # --- bans ----------------------------------------------------------------------
     def _response_is_ban(self, request: Request, response: Response) -> bool:
@@ -516,15 +504,14 @@ class ProxyLeaseMiddleware:
         verdict = method(request, what)
         return None if verdict is None else bool(verdict)
 
-    def _banned(self, request: Request, held: _Held, why: str) -> Request | None:
-        """Count a ban, end the lease, and return the retry through another proxy."""
-        held.counts.bans += 1
-        if held.draining != "banned":
-            held.draining = "banned"
+    def _banned(self, request: Request, finished: Finished, why: str) -> Request | None:
+        """Count a ban (its lease is ending) and return the retry through another proxy."""
+        lease = finished.lease
+        if finished.newly_banned:
             logger.warning(
                 "Proxy #%d %s looks banned (%s on %s): ending its lease",
-                held.lease.proxy_id,
-                held.lease.label,
+                lease.proxy_id,
+                lease.label,
                 why,
                 request,
             )
@@ -543,96 +530,9 @@ class ProxyLeaseMiddleware:
             return None
         retry = request.replace(dont_filter=True)
         retry.meta["proxy_ban_retries"] = retries + 1
-        retry.meta[META_AVOID] = [*request.meta.get(META_AVOID, ()), held.lease.proxy_id]
+        retry.meta[META_AVOID] = [*request.meta.get(META_AVOID, ()), lease.proxy_id]
         retry.meta.pop("_auth_proxy", None)
         retry.headers.pop(b"Proxy-Authorization", None)
         self.stats.inc_value("proxy/ban_retries")
         logger.debug("Retrying %s through another proxy (retry %d)", request, retries + 1)
         return retry
-
-    # --- ending leases --------------------------------------------------------------
-    def _maybe_release(self, held: _Held) -> None:
-        if held.inflight > 0 or held.releasing:
-            return
-        if held.lost:
-            self._leases.pop(held.lease.lease_id, None)
-            self._wake()
-            return
-        if not held.draining or self._closed:
-            return
-        held.releasing = True
-        reason, counts = held.draining, held.counts.take()
-        d = self._call(self.proxies.release, held.lease, reason, counts, self.policy)
-        self._pending.add(d)
-        d.addCallback(lambda ok: self._count_release(held, reason, ok))
-        d.addErrback(self._hub_failed, f"releasing proxy #{held.lease.proxy_id}")
-        d.addBoth(lambda _: self._after_release(held, d))
-
-    def _after_release(self, held: _Held, d: Deferred[Any]) -> None:
-        self._pending.discard(d)
-        self._leases.pop(held.lease.lease_id, None)
-        self._wake()
-
-    def _count_release(self, held: _Held, reason: str, ok: bool) -> None:
-        if not ok:
-            self.stats.inc_value("proxy/leases_lost")
-            logger.warning(
-                "Lease %d on proxy %s had already expired when released",
-                held.lease.lease_id,
-                held.lease.label,
-            )
-            return
-        self.stats.inc_value(f"proxy/leases_released/{reason}")
-        logger.info(
-            "Released proxy #%d %s (%s after %d request(s))",
-            held.lease.proxy_id,
-            held.lease.label,
-            reason,
-            held.assigned,
-        )
-
-    # --- heartbeat ------------------------------------------------------------------
-    def _beat(self) -> Deferred[Any] | None:
-        if self._beating or self._closed:
-            return None
-        batch = [
-            (held, held.counts.take())
-            for held in self._leases.values()
-            if not (held.releasing or held.lost)
-        ]
-        if not batch:
-            return None
-        self._beating = True
-        started = monotonic()
-        d = self._call(self._renew_all, [(h.lease, c) for h, c in batch])
-        d.addCallbacks(self._renewed, self._renew_failed, (batch, started), None, (batch,))
-        d.addBoth(self._beat_done)
-        return None
-
-    def _renew_all(self, items: list[tuple[Lease, UsageCounts]]) -> list[bool]:
-        return [self.proxies.renew(lease, self.config.lease_ttl, counts) for lease, counts in items]
-
-    def _renewed(self, results: list[bool], batch: list[Any], started: float) -> None:
-        self.stats.inc_value("proxy/heartbeats")
-        for (held, _), ok in zip(batch, results, strict=True):
-            if ok:
-                held.deadline = started + self.config.lease_ttl
-                continue
-            held.lost = True
-            self.stats.inc_value("proxy/leases_lost")
-            logger.warning(
-                "Lost the lease on proxy #%d %s: it expired (PROXY_LEASE_TTL=%g s) and "
-                "was taken over; no more requests go through it",
-                held.lease.proxy_id,
-                held.lease.label,
-                self.config.lease_ttl,
-            )
-            self._maybe_release(held)
-
-    def _renew_failed(self, failure: Any, batch: list[Any]) -> None:
-        for held, counts in batch:
-            held.counts.add(counts)
-        self._hub_failed(failure, "renewing proxy leases")
-
-    def _beat_done(self, _: Any) -> None:
-        self._beating = False

@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from functools import partial
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from scrapy import Request, signals
@@ -36,6 +37,9 @@ from scrapy.utils.defer import deferred_from_coro
 from crawler.archive import ORIG_PREFIX, Fetch
 from crawler.render import RenderConfig, RenderConfigError, Wait, flag
 from crawler.signals import send_action
+
+if TYPE_CHECKING:
+    from crawler.hub.leases import LeaseView
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +63,7 @@ class RenderMiddleware:
         self.stats = crawler.stats
         self.render_all = flag(getattr(crawler.spider, "render", False))
         self.inflight: Counter[str] = Counter()
-        self.lease_contexts: set[str] = set()
+        self.lease_contexts: dict[str, LeaseView] = {}
         self._proxy_mw = None
 
     @classmethod
@@ -71,9 +75,7 @@ class RenderMiddleware:
     def spider_opened(self) -> None:
         from middlewares.proxy_lease import ProxyLeaseMiddleware
 
-        for mw in self.crawler.engine.downloader.middleware.middlewares:
-            if isinstance(mw, ProxyLeaseMiddleware):
-                self._proxy_mw = mw
+        self._proxy_mw = self.crawler.get_downloader_middleware(ProxyLeaseMiddleware)
         how = "every request" if self.render_all else "chosen requests"
         logger.info("Rendering %s with Chromium (%s)", how, self._browser_name())
 
@@ -186,37 +188,18 @@ class RenderMiddleware:
         # a Proxy-Authorization header (the browser would send it on to the site).
         meta["render_proxy"] = meta.pop("proxy")
         request.headers.pop(b"Proxy-Authorization", None)
-        lease_id = self._lease_id(request)
-        name = f"lease-{lease_id}" if lease_id is not None else f"proxy-{urlsplit(proxy).netloc}"
-        if lease_id is not None:
-            self.lease_contexts.add(name)
+        lease = self._proxy_mw.lease_for(request) if self._proxy_mw is not None else None
+        if lease is None:
+            return f"proxy-{urlsplit(proxy).netloc}", {"proxy": browser_proxy(proxy)}
+        name = f"lease-{lease.lease_id}"
+        self.lease_contexts[name] = lease
         return name, {"proxy": browser_proxy(proxy)}
-
-    def _lease_id(self, request: Request) -> int | None:
-        from middlewares.proxy_lease import META_TOKEN
-
-        mw = self._proxy_mw
-        held = mw._attempts.get(request.meta.get(META_TOKEN)) if mw is not None else None
-        return held.lease.lease_id if held is not None else None
-
-    def _live_leases(self) -> set[str]:
-        mw = self._proxy_mw
-        if mw is None:
-            return set()
-        return {
-            f"lease-{h.lease.lease_id}"
-            for h in mw._leases.values()
-            if not (h.draining or h.lost or h.releasing)
-        }
 
     def _sweep(self) -> None:
         """Close the contexts of leases that were rotated, banned or lost, once idle."""
-        if not self.lease_contexts:
-            return
-        live = self._live_leases()
-        for name in list(self.lease_contexts):
-            if name not in live and self.inflight[name] <= 0:
-                self.lease_contexts.discard(name)
+        for name, lease in list(self.lease_contexts.items()):
+            if not lease.alive and self.inflight[name] <= 0:
+                del self.lease_contexts[name]
                 del self.inflight[name]
                 deferred_from_coro(self._close_context(name))
 

@@ -133,7 +133,7 @@ def make_middleware(tmp_path, spidercls=PlainSpider, **settings):
             **settings,
         },
     )
-    crawler.spider = crawler._create_spider()
+    crawler.spider = spidercls.from_crawler(crawler)
     crawler.stats.open_spider()
     mw = ProxyLeaseMiddleware.from_crawler(crawler)
     mw.spider_opened()
@@ -216,6 +216,85 @@ def test_spider_decides_what_is_a_ban(tmp_path):
         ok_but_blocked = response(r2, body=b"<p>you are blocked</p>")
         assert isinstance(mw.process_response(r2, ok_but_blocked), Request)
         assert crawler.stats.get_value("proxy/bans") == 1
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+
+
+@pytest_twisted.inlineCallbacks
+def test_body_markers_and_timeouts_are_bans(tmp_path):
+    mw, crawler, url = make_middleware(
+        tmp_path, PROXY_ROTATE_EVERY=10, PROXY_BAN_BODY_MARKERS=["captcha"]
+    )
+    try:
+        r0 = yield deferred_from_coro(_send(mw, "http://example.com/0"))
+        assert mw.process_response(r0, response(r0, body=b"<p>fine</p>")).status == 200
+        r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        assert mw.process_exception(r1, ValueError("not the proxy's doing")) is None
+        assert crawler.stats.get_value("proxy/bans") is None
+        r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
+        retry = mw.process_response(r2, response(r2, body=b"<p>please solve the captcha</p>"))
+        assert isinstance(retry, Request)
+        yield deferred_from_coro(mw.process_request(retry))
+        assert retry.meta["proxy_label"] == "http://127.0.0.1:2"
+        again = mw.process_exception(retry, TimeoutError())
+        assert isinstance(again, Request) and again.meta["proxy_ban_retries"] == 2
+        assert crawler.stats.get_value("proxy/bans") == 2
+        assert crawler.stats.get_value("proxy/bans/exception/TimeoutError") == 1
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+    with open_proxies(url) as pool:
+        assert [(r.requests, r.failures, r.end_reason) for r in pool.usage()] == [
+            (3, 1, "banned"),
+            (1, 1, "banned"),
+        ]
+
+
+class FaultySpider(Spider):
+    name = "faulty"
+
+    def response_is_ban(self, request, response):
+        raise RuntimeError("the spider's own bug")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_failing_ban_verdict_still_ends_the_attempt(tmp_path):
+    mw, crawler, url = make_middleware(tmp_path, FaultySpider, PROXY_ROTATE_EVERY=1)
+    try:
+        r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        with pytest.raises(RuntimeError, match="own bug"):
+            mw.process_response(r1, response(r1))
+        assert mw.lease_for(r1) is None
+        r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
+        assert r2.meta["proxy_label"] == "http://127.0.0.1:2", "the rotated lease was released"
+        mw.process_exception(r2, ValueError())
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+    with open_proxies(url) as pool:
+        assert [(r.requests, r.end_reason) for r in pool.usage()] == [
+            (1, "rotated"),
+            (1, "rotated"),
+        ]
+
+
+@pytest_twisted.inlineCallbacks
+def test_lease_for_names_a_requests_lease(tmp_path):
+    mw, crawler, _ = make_middleware(tmp_path)
+    try:
+        direct = Request("http://example.com/direct", meta={"proxy_lease": False})
+        yield deferred_from_coro(mw.process_request(direct))
+        assert mw.lease_for(direct) is None and "proxy" not in direct.meta
+        r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        lease = mw.lease_for(r1)
+        assert (lease.proxy_id, lease.slot) == (1, "proxy-1")
+        assert lease.label == "http://u:***@127.0.0.1:1" and "pw-secret" not in repr(lease)
+        assert lease.proxy_url == r1.meta["proxy"] and lease.credentials == ("u", "pw-secret")
+        assert lease.alive
+        r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
+        assert mw.lease_for(r2).lease_id == lease.lease_id
+        assert not lease.alive, "its second use (PROXY_ROTATE_EVERY=2) rotates it"
+        mw.process_response(r1, response(r1))
+        assert mw.lease_for(r1) is None, "the attempt is over"
+        mw.process_response(r2, response(r2))
     finally:
         yield deferred_from_coro(mw.spider_closed())
 
