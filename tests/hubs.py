@@ -8,9 +8,12 @@ Import the fixture into a test module: ``from tests.hubs import hub_url``.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -18,6 +21,7 @@ import pytest
 from crawler.hub import Hub, ProxyPool, redact_url
 from tests.servers import need
 
+ROOT = Path(__file__).resolve().parent.parent
 PG_TEST_URL = os.environ.get("PG_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -62,3 +66,23 @@ def open_proxies(url: str) -> Iterator[ProxyPool]:
     """The proxy pool of the hub at *url*, closed at the end of the block."""
     with Hub.open(url) as hub:
         yield ProxyPool(hub)
+
+
+def scrapy_with_hub(
+    *args: str, hub: str | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``scrapy ARGS`` from the project root, HUB_URL in its environment set to *hub*
+    (or unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "HUB_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    if hub:
+        env["HUB_URL"] = hub
+    return subprocess.run(
+        [sys.executable, "-m", "scrapy", *args],
+        cwd=ROOT,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

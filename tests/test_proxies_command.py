@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from crawler.hub import Holder, Hub, HubError, ProxyPool
 from crawler.hub.admin import ProxyAdmin, ProxyFileError, hub_url_from, read_proxy_file
-from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 
-def scrapy(*args: str, hub: str | None = None) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "HUB_URL"}
-    env["PYTHONPATH"] = str(ROOT)
-    if hub:
-        env["HUB_URL"] = hub
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy", "proxies", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+def scrapy(*args: str, hub: str | None = None):
+    return scrapy_with_hub("proxies", *args, hub=hub)
 
 
 def test_admin_add_list_disable_stats(hub_url):  # noqa: F811

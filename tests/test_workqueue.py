@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from crawler.hub import Hub
 from crawler.hub.admin import QueueAdmin
 from crawler.hub.workqueue import WorkQueue, WorkQueueError, ensure_work_schema, list_lines
-from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
+from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
-ROOT = Path(__file__).resolve().parent.parent
 URLS = [f"http://example.org/{n}" for n in range(25)]
 
 
@@ -128,19 +123,7 @@ def test_no_url_leased_twice_under_contention(hub_url):  # noqa: F811
 
 # --- scrapy queue ------------------------------------------------------------------------
 def scrapy_queue(*args: str, hub: str | None = None, stdin: str | None = None):
-    env = {k: v for k, v in os.environ.items() if k != "HUB_URL"}
-    env["PYTHONPATH"] = str(ROOT)
-    if hub:
-        env["HUB_URL"] = hub
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy", "queue", *args],
-        cwd=ROOT,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return scrapy_with_hub("queue", *args, hub=hub, stdin=stdin)
 
 
 def test_queue_admin_loads_and_reports(hub_url, tmp_path):  # noqa: F811
