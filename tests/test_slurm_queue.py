@@ -106,7 +106,7 @@ def live_batch_started(hub_url: str, array: str, site) -> bool:
             return False  # let it finish (and ship) a first batch
         for lease in queue.leases():
             if lease["ended"] is None and f"/{array}_0/" in lease["holder"]:
-                rows = hub._query("SELECT url FROM hub_work_items WHERE lease_id = ?",
+                rows = hub.query("SELECT url FROM hub_work_items WHERE lease_id = ?",
                                   (lease["id"],))  # fmt: skip
                 return any(site.counts[urlsplit(url).path] for (url,) in rows)
     return False
@@ -136,7 +136,7 @@ def test_killed_tasks_batch_is_taken_over_after_its_lease(
         queue = WorkQueue(hub, "kill", create=False)
         dead = [lease for lease in queue.leases() if lease["ended"] is None]
         assert len(dead) == 1 and f"/{array}_0/" in dead[0]["holder"]
-        dead_urls = {u for (u,) in hub._query(
+        dead_urls = {u for (u,) in hub.query(
             "SELECT url FROM hub_work_items WHERE lease_id = ?", (dead[0]["id"],))}  # fmt: skip
 
     array2, merge2 = submit_queue(slurm_cluster, url_file, data, tmp_path, hub_url, "kill",

@@ -301,7 +301,8 @@ class LeasePool:
         return Finished(LeaseView(held), newly_banned)
 
     def drop(self, token: int) -> bool:
-        """End an attempt (once) without counting it: the request never went out."""
+        """End an attempt (once) without counting it: its outcome never came back (a
+        retried copy of its request arrived first)."""
         held = self._attempts.pop(token, None)
         if held is None:
             return False
@@ -311,7 +312,8 @@ class LeasePool:
 
     def close(self, done: Callable[[], None]) -> None:
         """Stop the heartbeat, fail the waiting requests, and once the hub calls in flight
-        are over, release every lease held; then call *done*."""
+        are over, release every lease held; then call *done* (once: a second close does
+        nothing)."""
         if self._closed:
             return
         self._closed = True
