@@ -29,7 +29,7 @@ from itertools import islice
 from typing import Any, TextIO
 
 from crawler.hub import Holder, Hub, HubError
-from crawler.keys import request_key
+from crawler.storage.keys import request_key
 
 WORK_SCHEMA_VERSION = 1
 LOAD_CHUNK = 5000

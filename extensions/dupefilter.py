@@ -64,6 +64,11 @@ class SpillingDupeFilter(RFPDupeFilter):
             cache_mib=settings.getint("DUPEFILTER_CACHE_MIB", 16),
         )
 
+    @property
+    def in_memory(self) -> int:
+        """Fingerprints held in memory now (the rest are in the temporary database)."""
+        return len(self._fingerprints)
+
     def request_seen(self, request: Request) -> bool:
         fp = self._fingerprint(request)
         if fp in self._fingerprints:

@@ -76,7 +76,7 @@ class SchedulerWatch(Recorder):
         return spider
 
     def scheduled(self, request, spider):
-        held = len(self.crawler.engine._slot.scheduler)
+        held = len(self.crawler.engine.scheduler)
         self.most_scheduled = max(self.most_scheduled, held)
 
 

@@ -8,30 +8,17 @@ from pathlib import Path
 import pytest
 from scrapy.exceptions import UsageError
 
-from crawler.archive import Fetch, read_any
-from crawler.catalog import Catalog
-from crawler.keys import request_key
-from crawler.seen import CatalogWithSeen, SeenCatalogs
-from crawler.ship import ShipError, Shipper, merge_shipped
-from crawler.store import Store, StoreConfig
-from spiders.site import in_shard, parse_shard
+from crawler.spiderkit.urls import in_shard, parse_shard
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.keys import request_key
+from crawler.storage.seen import CatalogWithSeen, SeenCatalogs
+from crawler.storage.store import Store, StoreConfig
+from slurm.ship import ShipError, Shipper, merge_shipped
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import run_crawl, write_urls
-
-
-def fetch(n: int) -> Fetch:
-    url = f"http://example.org/page/{n}"
-    return Fetch(
-        key=request_key(url),
-        url=url,
-        final_url=url,
-        method="GET",
-        request_headers=[("Host", "example.org")],
-        request_body=b"",
-        status=200,
-        response_headers=[("Content-Type", "text/html")],
-        body=f"<html>page {n}</html>".encode(),
-    )
+from tests.factories import listed_body
+from tests.factories import listed_fetch as fetch
 
 
 def shipped_catalog(shipper: Shipper) -> dict[str, object]:
@@ -41,11 +28,11 @@ def shipped_catalog(shipper: Shipper) -> dict[str, object]:
 
 def assert_readable(data: Path, rows: dict) -> None:
     for row in rows.values():
-        assert read_any(data / row.archive, row.offset, row.length).body == row_body(row)
+        assert DataDir(data).read(row).body == row_body(row)
 
 
 def row_body(row) -> bytes:
-    return f"<html>page {row.url.rsplit('/', 1)[1]}</html>".encode()
+    return listed_body(int(row.url.rsplit("/", 1)[1]))
 
 
 def test_shipper_ships_closed_archives_then_only_their_rows(tmp_path):
@@ -122,11 +109,11 @@ def test_seen_catalogs_skip_what_exists_and_ignore_missing_archives(tmp_path):
         assert seen.absent_rows == 1
         row = catalog.get(keys[1])
         assert Path(row.archive).is_absolute()  # readable from any data directory
-        assert read_any(Path(row.archive), row.offset, row.length).body == row_body(row)
+        assert DataDir(tmp_path / "own").read(row).body == row_body(row)
         assert catalog.get(keys[3]) is None and catalog.get(keys[5]) is None
     finally:
         catalog.close()
-    assert not Path(seen._path).exists()
+    assert not seen.path.exists()
 
 
 def test_shards_partition_the_list():

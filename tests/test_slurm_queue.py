@@ -21,9 +21,15 @@ from crawler.hub import Hub
 from crawler.workqueue import WorkQueue
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import ROOT, write_urls
-from tests.slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
+from tests.slurm_cluster import (  # noqa: F401 - slurm_cluster: the session fixture
+    fetched,
+    logs,
+    shipped_rows,
+    slow_urls,
+    slurm_cluster,
+    wait_for,
+)
 from tests.test_hub import pg_schema_url
-from tests.test_slurm import fetched, logs, shipped_rows, slow_urls, wait_for
 
 FAST = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"]
 SLOW = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "DOWNLOAD_DELAY=1"]

@@ -25,7 +25,7 @@ import pickle
 import select
 import struct
 
-from crawler.archive import Fetch
+from crawler.storage.records import Fetch
 
 # Header of a message: pickled message length, body length, body offset in the ring
 # (a running total of the bytes placed in it; -1: the body follows in the pipe).

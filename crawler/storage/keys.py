@@ -27,7 +27,8 @@ _SIMPLE_URL = re.compile(
 )
 
 
-def _simple_canonical(url: str) -> str | None:
+def simple_canonical(url: str) -> str | None:
+    """The canonical URL of a plain URL (see ``_SIMPLE_URL``), or None for any other."""
     match = _SIMPLE_URL.match(url)
     if match is None:
         return None
@@ -55,7 +56,7 @@ def _simple_canonical(url: str) -> str | None:
 
 
 def canonical_url(url: str) -> str:
-    canon = _simple_canonical(url) or canonicalize_url(url, keep_fragments=False)
+    canon = simple_canonical(url) or canonicalize_url(url, keep_fragments=False)
     scheme, sep, rest = canon.partition("://")
     port = _DEFAULT_PORTS.get(scheme)
     if port:
