@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,31 @@ def test_shipper_ships_closed_archives_then_only_their_rows(tmp_path):
     assert_readable(shared, rows)
     leftovers = [p.name for p in shared.rglob(".*")] + [p.name for p in local.glob(".ship-*")]
     assert leftovers == []
+
+
+def test_a_zip_tasks_archives_ship_with_their_rows(tmp_path):
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    store = Store(StoreConfig(data_dir=local, format="zip", rollover_bytes=1))  # a file each
+    for n in range(3):
+        store.put(fetch(n))
+    store.archive.rollover_bytes = 1 << 30
+    store.put(fetch(3))
+    store.batch.flush()  # row 3 committed, its zip still open: held back
+    shipper = Shipper(local, shared, "job_2_0_p0")
+    done = shipper.ship()
+    assert (len(done.archives), done.rows, done.held_back) == (3, 3, 1)
+    store.close()
+    assert shipper.ship().held_back == 0
+    # Read as any sqlite3 and zipfile user would: every row's body is in its zip.
+    db = sqlite3.connect(f"file:{shared / 'catalogs' / 'job_2_0_p0.db'}?mode=ro", uri=True)
+    rows = db.execute("SELECT key, url, archive, bytes FROM artifacts ORDER BY url").fetchall()
+    db.close()
+    assert [url for _, url, _, _ in rows] == [f"http://example.org/page/{n}" for n in range(4)]
+    for n, (key, _, archive, size) in enumerate(rows):
+        with zipfile.ZipFile(shared / archive) as zf:
+            assert zf.testzip() is None
+            body = zf.read(f"{key[:2]}/{key}.html")
+        assert body == listed_body(n) and len(body) == size
 
 
 def test_merge_folds_shipped_catalogs_into_the_shared_one(tmp_path):
