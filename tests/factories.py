@@ -50,9 +50,10 @@ def page_fetch(n: int, body: bytes | None = None, ts: float = 1_700_000_000.0) -
     )
 
 
-def listed_fetch(n: int, **fields) -> Fetch:
-    """Page ``n`` as a list names it: its key is the URL's, as a crawl computes it."""
-    url = f"http://example.org/page/{n}"
+def listed_fetch(n: int, url: str | None = None, **fields) -> Fetch:
+    """Page ``n`` (at ``url``) as a list names it: its key is the URL's, as a crawl
+    computes it."""
+    url = url or f"http://example.org/page/{n}"
     values = {
         "url": url,
         "final_url": url,

@@ -131,3 +131,17 @@ def test_an_idle_writer_commits_a_short_batch_once_its_time_is_up(tmp_path):
             row = catalog.get("slow")
     assert row is not None  # committed with the writer still open, far short of a batch
     writer.close()
+
+
+def test_a_writer_whose_crawl_died_commits_what_reached_it(tmp_path):
+    config = StoreConfig(data_dir=tmp_path, batch_size=1000, flush_seconds=3600)
+    writer = WriterProcess(config)
+    bodies = {f"k{n}": os.urandom(5000) for n in range(5)}
+    for key, body in bodies.items():
+        writer.put(fetch(key, body))
+    writer.abandon()  # the crawl's end of the pipes closes, unannounced
+    assert not writer.alive
+    datadir = DataDir(tmp_path)
+    assert datadir.archives() and not datadir.open_archives()  # closed by the writer
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
+        assert {key: datadir.read(catalog.get(key)).body for key in bodies} == bodies
