@@ -94,6 +94,31 @@ class Indexed:
     touches: list[Touch] = field(default_factory=list)
 
 
+def fetch_row(
+    fetch: Fetch, archive: str, offset: int, length: int, digest: str, rendered: bool = False
+) -> Row:
+    """The catalog row of a stored fetch, whose record is at ``offset`` of ``archive``;
+    with ``rendered``, the row of the DOM a browser rendered from it."""
+    headers = fetch.response_headers
+    return Row(
+        key=fetch.key,
+        url=fetch.url,
+        final_url=fetch.final_url,
+        status=fetch.status,
+        content_type=fetch.rendered_type if rendered else header(headers, "Content-Type"),
+        bytes=len(fetch.rendered_body if rendered else fetch.body),
+        etag=header(headers, "ETag"),
+        last_modified=header(headers, "Last-Modified"),
+        fetched_at=warc_date(fetch.fetched_at),
+        archive=archive,
+        offset=offset,
+        length=length,
+        payload_digest=digest,
+        method=fetch.method,
+        rendered=int(rendered),
+    )
+
+
 def header(headers: Headers, name: str) -> str | None:
     """The first value of header ``name`` (any case), or None."""
     lname = name.lower()

@@ -7,7 +7,8 @@ gets the row; a 304 revalidation becomes a ``revisit`` record. Response records 
 the request's key, URL and method, so that the archive alone can rebuild the catalog.
 Records are read with FastWARC, the fastest reader measured here (README: Benchmarks).
 
-One format, one module (writer, reader, indexer, repair): hence its length.
+Longer than the project's other modules on purpose: a format is one module (writer,
+reader, indexer, repair), so that adding one touches the registry and one new file.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from crawler.storage.records import (
     Indexed,
     Row,
     StoredRecord,
+    fetch_row,
     header,
     payload_digest,
     payload_headers,
@@ -140,22 +142,7 @@ class WarcWriter(ArchiveWriter):
         self.records_written += 1
         if fetch.rendered_body is not None:
             return self._write_conversion(fetch, date, record_id)
-        return Row(
-            key=fetch.key,
-            url=fetch.url,
-            final_url=fetch.final_url,
-            status=fetch.status,
-            content_type=header(fetch.response_headers, "Content-Type"),
-            bytes=len(body),
-            etag=header(fetch.response_headers, "ETag"),
-            last_modified=header(fetch.response_headers, "Last-Modified"),
-            fetched_at=date,
-            archive=self.relpath,
-            offset=offset,
-            length=length,
-            payload_digest=digest,
-            method=fetch.method,
-        )
+        return fetch_row(fetch, self.relpath, offset, length, digest)
 
     def _write_conversion(self, fetch: Fetch, date: str, refers_to: str) -> Row:
         """The rendered DOM as a ``conversion`` record of the response; its row."""
@@ -183,23 +170,7 @@ class WarcWriter(ArchiveWriter):
             content_type=fetch.rendered_type,
         )
         offset, length = self._append(record)
-        return Row(
-            key=fetch.key,
-            url=fetch.url,
-            final_url=fetch.final_url,
-            status=fetch.status,
-            content_type=fetch.rendered_type,
-            bytes=len(body),
-            etag=etag,
-            last_modified=last_modified,
-            fetched_at=date,
-            archive=self.relpath,
-            offset=offset,
-            length=length,
-            payload_digest=digest,
-            method=fetch.method,
-            rendered=1,
-        )
+        return fetch_row(fetch, self.relpath, offset, length, digest, rendered=True)
 
     def _request_record(self, fetch: Fetch, date: str, concurrent_to: str) -> list:
         parts = urlsplit(fetch.final_url)

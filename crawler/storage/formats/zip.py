@@ -9,7 +9,8 @@ A file being written ends in ``.zip.open``; ``zipfile`` cannot open it until
 :meth:`ZipFormat.repair` (run on start by :func:`crawler.storage.store.recover`) has
 cut a partial entry and written the central directory.
 
-One format, one module (writer, reader, indexer, repair): hence its length.
+Longer than the project's other modules on purpose: a format is one module (writer,
+reader, indexer, repair), so that adding one touches the registry and one new file.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from crawler.storage.records import (
     Indexed,
     Row,
     StoredRecord,
+    fetch_row,
     header,
     payload_digest,
     payload_headers,
@@ -233,22 +235,7 @@ class ZipWriter(ArchiveWriter):
         name = f"{fetch.key[:2]}/{fetch.key}{extension(content_type)}"
         entry = self._append(name, fetch.body, meta, fetch.fetched_at)
         self.records_written += 1
-        return Row(
-            key=fetch.key,
-            url=fetch.url,
-            final_url=fetch.final_url,
-            status=fetch.status,
-            content_type=content_type,
-            bytes=len(fetch.body),
-            etag=header(fetch.response_headers, "ETag"),
-            last_modified=header(fetch.response_headers, "Last-Modified"),
-            fetched_at=date,
-            archive=self.relpath,
-            offset=entry.offset,
-            length=entry.end - entry.offset,
-            payload_digest=digest,
-            method=fetch.method,
-        )
+        return fetch_row(fetch, self.relpath, entry.offset, entry.end - entry.offset, digest)
 
     def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         meta = {
