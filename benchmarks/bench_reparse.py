@@ -31,12 +31,13 @@ DATA = Path("bench-data/reparse")
 
 
 def build_corpus(data_dir: Path, pages: int) -> None:
-    db = DataDir(data_dir).catalog_path
+    datadir = DataDir(data_dir)
+    db = datadir.catalog_path
     if db.exists():
         with Catalog(db, readonly=True) as catalog:
             if catalog.count() == pages:
                 return
-    for path in [db, *data_dir.glob("metadata.db-*"), *data_dir.glob("archive/*")]:
+    for path in [db, *db.parent.glob(f"{db.name}-*"), *datadir.archive_dir.glob("*")]:
         path.unlink(missing_ok=True)
     site = DemoSite(pages=pages, page_bytes=PAGE_BYTES)
     store = Store(StoreConfig(data_dir=data_dir, rollover_bytes=64_000_000, batch_size=1000))
