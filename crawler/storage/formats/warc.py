@@ -21,9 +21,9 @@ import socket
 import zlib
 from http import HTTPStatus
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from fastwarc.warc import WarcRecord
 from warcio.statusandheaders import StatusAndHeaders, StatusAndHeadersParser
 from warcio.warcwriter import WARCWriter
 
@@ -64,6 +64,9 @@ ETAG_HEADER = "X-Crawl-ETag"
 LAST_MODIFIED_HEADER = "X-Crawl-Last-Modified"
 REVISIT_PROFILE = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
 _GZIP_MAGIC = b"\x1f\x8b\x08"
+
+if TYPE_CHECKING:
+    from fastwarc.warc import WarcRecord
 
 
 # -- writing ------------------------------------------------------------------------------
@@ -277,6 +280,10 @@ def _reason(status: int) -> str:
 
 def parse_record(raw: bytes, where: str) -> WarcRecord:
     """One uncompressed WARC record, its HTTP headers parsed (FastWARC)."""
+    # Imported at the first read: the writer process, and a crawl that replays nothing,
+    # never read a record, and would carry the library's memory for nothing.
+    from fastwarc.warc import WarcRecord
+
     if not raw.startswith(b"WARC/"):
         raise ArchiveError(f"{where}: not a WARC record")
     try:
