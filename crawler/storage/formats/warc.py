@@ -337,59 +337,48 @@ def index_record(record: WarcRecord, relpath: str, offset: int, length: int, out
     if not key:
         return
     rec_type = rec.get("WARC-Type")
+    if rec_type == "revisit":
+        headers = list(record.http_headers.astuples())
+        etag, last_modified = header(headers, "ETag"), header(headers, "Last-Modified")
+        out.touches.append((key, etag, last_modified, rec.get("WARC-Date")))
+        return
     if rec_type == "conversion":
-        out.rows.append(_conversion_row(rec, key, relpath, offset, length))
+        # The DOM a browser rendered: the response's status and validators are on the
+        # record itself.
+        described = {
+            "status": int(rec.get(STATUS_HEADER) or 200),
+            "content_type": rec.get("Content-Type"),
+            "bytes": int(rec.get("Content-Length") or 0),
+            "etag": rec.get(ETAG_HEADER),
+            "last_modified": rec.get(LAST_MODIFIED_HEADER),
+            "rendered": 1,
+        }
     elif rec_type == "response" and not rec.get(RENDERED_HEADER):
         # (A rendered page's row points at its conversion record, written next.)
         http = record.http_headers
         headers = list(http.astuples())
-        out.rows.append(
-            Row(
-                key=key,
-                url=rec.get(REQUESTED_URI_HEADER) or rec.get("WARC-Target-URI"),
-                final_url=rec.get("WARC-Target-URI"),
-                status=http.status_code,
-                content_type=header(headers, "Content-Type"),
-                bytes=int(header(headers, "Content-Length") or 0),
-                etag=header(headers, "ETag"),
-                last_modified=header(headers, "Last-Modified"),
-                fetched_at=rec.get("WARC-Date"),
-                archive=relpath,
-                offset=offset,
-                length=length,
-                payload_digest=rec.get("WARC-Payload-Digest"),
-                method=rec.get(METHOD_HEADER) or "GET",
-            )
+        described = {
+            "status": http.status_code,
+            "content_type": header(headers, "Content-Type"),
+            "bytes": int(header(headers, "Content-Length") or 0),
+            "etag": header(headers, "ETag"),
+            "last_modified": header(headers, "Last-Modified"),
+        }
+    else:
+        return
+    out.rows.append(
+        Row(
+            key=key,
+            url=rec.get(REQUESTED_URI_HEADER) or rec.get("WARC-Target-URI"),
+            final_url=rec.get("WARC-Target-URI"),
+            fetched_at=rec.get("WARC-Date"),
+            archive=relpath,
+            offset=offset,
+            length=length,
+            payload_digest=rec.get("WARC-Payload-Digest"),
+            method=rec.get(METHOD_HEADER) or "GET",
+            **described,
         )
-    elif rec_type == "revisit":
-        headers = list(record.http_headers.astuples())
-        out.touches.append(
-            (
-                key,
-                header(headers, "ETag"),
-                header(headers, "Last-Modified"),
-                rec.get("WARC-Date"),
-            )
-        )
-
-
-def _conversion_row(rec, key: str, relpath: str, offset: int, length: int) -> Row:
-    return Row(
-        key=key,
-        url=rec.get(REQUESTED_URI_HEADER) or rec.get("WARC-Target-URI"),
-        final_url=rec.get("WARC-Target-URI"),
-        status=int(rec.get(STATUS_HEADER) or 200),
-        content_type=rec.get("Content-Type"),
-        bytes=int(rec.get("Content-Length") or 0),
-        etag=rec.get(ETAG_HEADER),
-        last_modified=rec.get(LAST_MODIFIED_HEADER),
-        fetched_at=rec.get("WARC-Date"),
-        archive=relpath,
-        offset=offset,
-        length=length,
-        payload_digest=rec.get("WARC-Payload-Digest"),
-        method=rec.get(METHOD_HEADER) or "GET",
-        rendered=1,
     )
 
 
