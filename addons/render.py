@@ -22,6 +22,7 @@ from crawler.render import (
     ResourceBlocker,
     find_browser,
 )
+from crawler.storage import formats
 
 logger = logging.getLogger(__name__)
 
@@ -50,9 +51,13 @@ class RenderAddon:
             raise UsageError(str(exc)) from None
         if not config.enabled:
             return
-        if (settings.get("ARCHIVE_FORMAT") or "warc").lower() == "zip":
-            # The zip format has no place for the rendered DOM beside the server's body.
-            raise UsageError("rendering needs ARCHIVE_FORMAT=warc (zip archives keep one body)")
+        fmt = formats.FORMATS.get((settings.get("ARCHIVE_FORMAT") or formats.DEFAULT).lower())
+        if fmt is not None and not fmt.keeps_rendered:
+            # (An unknown format is the storage's to refuse.)
+            keeping = " or ".join(f.name for f in formats.FORMATS.values() if f.keeps_rendered)
+            raise UsageError(
+                f"rendering needs ARCHIVE_FORMAT={keeping} ({fmt.name} archives keep one body)"
+            )
         if importlib.util.find_spec("scrapy_playwright") is None:
             raise UsageError(
                 "Rendering needs scrapy-playwright: pip install scrapy-playwright "

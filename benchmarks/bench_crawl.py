@@ -38,6 +38,8 @@ from pathlib import Path
 
 import psutil
 
+from crawler.storage.datadir import DataDir
+
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = [
     "data",
@@ -199,7 +201,7 @@ def run_crawl(name: str, args: list[str], cwd: Path, pages: int) -> Result:
     hits = stats.get("catalog/cache_hits", 0)
     if hits == pages:
         data_dir = Path(next(a.split("=", 1)[1] for a in args if a.startswith("DATA_DIR=")))
-        result.skip_rate = skip_rate(data_dir / "fetch_log.jsonl", hits)
+        result.skip_rate = skip_rate(DataDir(data_dir).action_log_path, hits)
     return result
 
 

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from crawler.catalog import Catalog
+from crawler.storage.catalog import Catalog
 
 BATCH = 256
 
@@ -29,20 +29,18 @@ def _key(n: int) -> str:
 def build(path: Path, rows: int) -> float:
     started = time.perf_counter()
     with Catalog(path) as catalog:
-        conn = catalog.conn
         chunk = 200_000
         for first in range(0, rows, chunk):
-            conn.execute("BEGIN")
-            conn.executemany(
-                "INSERT INTO artifacts (key, url, final_url, status, content_type, bytes, "
-                'fetched_at, archive, "offset", length) VALUES (?, ?, ?, 200, '
-                "'text/html', 50000, '2026-01-01T00:00:00.000000Z', 'archive/a.warc.gz', ?, 20000)",
-                (
-                    (_key(n), f"http://example.org/{n}", f"http://example.org/{n}", n)
-                    for n in range(first, min(first + chunk, rows))
-                ),
-            )
-            conn.execute("COMMIT")
+            with catalog.transaction():
+                catalog.upsert_values(
+                    [
+                        # In the order of crawler.storage.catalog.COLUMNS.
+                        (_key(n), f"http://example.org/{n}", f"http://example.org/{n}", 200,
+                         "text/html", 50000, None, None, "2026-01-01T00:00:00.000000Z",
+                         "archive/a.warc.gz", n, 20000, None, "GET", 0)
+                        for n in range(first, min(first + chunk, rows))
+                    ]
+                )  # fmt: skip
     return time.perf_counter() - started
 
 

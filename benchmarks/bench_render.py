@@ -25,6 +25,7 @@ from pathlib import Path
 import psutil
 
 from crawler.render import BrowserNotFoundError, find_browser
+from crawler.storage.datadir import DataDir
 from demo.site import DemoSite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +86,7 @@ def crawl(base: str, workdir: Path, parallel: int, render: bool) -> dict:
         raise RuntimeError(f"{name}: crawl failed ({proc.returncode}): {err.decode()[-2000:]}")
     times = [
         datetime.fromisoformat(e["ts"].replace("Z", "+00:00")).timestamp()
-        for e in map(json.loads, (data_dir / "fetch_log.jsonl").read_text().splitlines())
+        for e in map(json.loads, DataDir(data_dir).action_log_path.read_text().splitlines())
         if e["outcome"] == "ok"
     ]
     span = max(times) - min(times)

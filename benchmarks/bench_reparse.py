@@ -15,10 +15,14 @@ import random
 import time
 from pathlib import Path
 
-from crawler.archive import Fetch, read_any, read_record, resolve
-from crawler.catalog import Catalog
-from crawler.reparse import Reparse, ReparseConfig, decode
-from crawler.store import Store, StoreConfig
+from warcio.archiveiterator import ArchiveIterator
+
+from crawler.reparse.plan import ReparseConfig
+from crawler.reparse.runner import Reparse
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.records import Fetch
+from crawler.storage.store import Store, StoreConfig
 from demo.site import DemoSite
 
 PAGES = 5000
@@ -27,12 +31,13 @@ DATA = Path("bench-data/reparse")
 
 
 def build_corpus(data_dir: Path, pages: int) -> None:
-    db = data_dir / "metadata.db"
+    datadir = DataDir(data_dir)
+    db = datadir.catalog_path
     if db.exists():
         with Catalog(db, readonly=True) as catalog:
             if catalog.count() == pages:
                 return
-    for path in [db, *data_dir.glob("metadata.db-*"), *data_dir.glob("archive/*")]:
+    for path in [db, *db.parent.glob(f"{db.name}-*"), *datadir.archive_dir.glob("*")]:
         path.unlink(missing_ok=True)
     site = DemoSite(pages=pages, page_bytes=PAGE_BYTES)
     store = Store(StoreConfig(data_dir=data_dir, rollover_bytes=64_000_000, batch_size=1000))
@@ -63,23 +68,24 @@ def reparse_rate(data_dir: Path, workers: int) -> tuple[float, int]:
 
 
 def random_reads(data_dir: Path, samples: int = 2000) -> tuple[float, float]:
-    """Single-record reads/s in random order: FastWARC path, and warcio's read_record."""
-    with Catalog(data_dir / "metadata.db", readonly=True) as catalog:
+    """Single-record reads/s in random order: the project's reader (FastWARC), and
+    warcio reading the same records, for comparison."""
+    datadir = DataDir(data_dir)
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
         rows = list(catalog.rows())
     rng = random.Random(1)
     picks = [rng.choice(rows) for _ in range(samples)]
-    paths = {r.archive: str(resolve(data_dir, r.archive)) for r in rows}
     started = time.perf_counter()
     for row in picks:
-        with open(paths[row.archive], "rb") as f:
-            f.seek(row.offset)
-            decode(f.read(row.length), paths[row.archive], row.offset)
+        datadir.read(row)
     fast = samples / (time.perf_counter() - started)
     started = time.perf_counter()
     for row in picks:
-        read_record(paths[row.archive], row.offset, row.length)
+        with open(datadir.resolve(row.archive), "rb") as f:
+            f.seek(row.offset)
+            record = next(iter(ArchiveIterator(f)))
+            record.content_stream().read()
     warcio = samples / (time.perf_counter() - started)
-    read_any(paths[picks[0].archive], picks[0].offset, picks[0].length)
     return fast, warcio
 
 

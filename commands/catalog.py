@@ -20,9 +20,14 @@ from pathlib import Path
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler import catalog_tools as tools
-from crawler.catalog import CatalogError
-from crawler.store import DataDirLock, StoreError
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import CatalogError, StoreError
+from crawler.tools.export import EXPORT_FORMATS, export_catalog
+from crawler.tools.rebuild import Rebuild, merge_catalogs
+from crawler.tools.scan import ToolError
+from crawler.tools.stats import catalog_stats
+from crawler.tools.verify import Verify, confirm_prompt
+from crawler.tools.wacz import WaczBuilder, write_index
 
 ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz")
 
@@ -59,47 +64,44 @@ class Command(ScrapyCommand):
         parser.add_argument("--fix", action="store_true", help="verify: repair what it finds")
         parser.add_argument("--yes", action="store_true", help="verify --fix: do not ask")
         parser.add_argument(
-            "--format", choices=tools.EXPORT_FORMATS, default="parquet", help="export format"
+            "--format", choices=EXPORT_FORMATS, default="parquet", help="export format"
         )
         parser.add_argument("--title", help="wacz: the collection's title")
 
     def run(self, args, opts) -> None:
         if not args or args[0] not in ACTIONS:
             raise UsageError(f"give an action: {', '.join(ACTIONS)}")
-        self.data_dir = Path(self.settings.get("DATA_DIR") or "data")
+        self.datadir = DataDir.from_settings(self.settings)
+        self.data_dir = self.datadir.root
         action, rest = args[0], args[1:]
         try:
             self.exitcode = getattr(self, f"do_{action}")(rest, opts) or 0
-        except (tools.ToolError, CatalogError, StoreError) as exc:
+        except (ToolError, CatalogError, StoreError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
 
     def do_stats(self, rest, opts) -> int:
-        _print(tools.catalog_stats(self.data_dir).lines())
+        _print(catalog_stats(self.data_dir).lines())
         return 0
 
     def do_verify(self, rest, opts) -> int:
-        verify = tools.Verify(self.data_dir)
+        verify = Verify(self.data_dir)
         report = verify.run()
         if opts.fix and not report.ok:
             question = (
                 f"Drop {len(report.bad_rows)} rows (their URLs will be fetched again) and "
                 f"index {len(report.orphans)} records?"
             )
-            if opts.yes or tools.confirm_prompt(question):
-                lock = DataDirLock(self.data_dir / ".lock")
-                lock.acquire()
-                try:
+            if opts.yes or confirm_prompt(question):
+                with self.datadir.lock():
                     verify.fix(report)
-                finally:
-                    lock.release()
             else:
                 print("not fixed (answer y, or pass --yes)", file=sys.stderr)
         _print(report.lines())
         return 0 if report.ok or report.dropped or report.reindexed else 1
 
     def do_rebuild(self, rest, opts) -> int:
-        result = tools.Rebuild(self.data_dir, opts.output).run()
+        result = Rebuild(self.data_dir, opts.output).run()
         for problem in result.problems:
             print(problem, file=sys.stderr)
         print(f"rebuilt {result.path}: {result.rows:,} rows from {result.records:,} records")
@@ -108,19 +110,19 @@ class Command(ScrapyCommand):
     def do_merge(self, rest, opts) -> int:
         if len(rest) < 2 or not opts.output:
             raise UsageError("give two or more catalogs and -o OUT.db")
-        n = tools.merge_catalogs([Path(p) for p in rest], Path(opts.output))
+        n = merge_catalogs([Path(p) for p in rest], Path(opts.output))
         print(f"merged {len(rest)} catalogs into {opts.output}: {n:,} rows")
         return 0
 
     def do_export(self, rest, opts) -> int:
-        output = Path(opts.output or self.data_dir / "derived" / f"catalog.{opts.format}")
-        n = tools.export_catalog(self.data_dir, opts.format, output)
+        output = Path(opts.output or self.datadir.derived_dir / f"catalog.{opts.format}")
+        n = export_catalog(self.data_dir, opts.format, output)
         print(f"exported {n:,} rows to {output}")
         return 0
 
     def do_index(self, rest, opts) -> int:
-        output = Path(opts.output or self.data_dir / "derived" / "index.cdxj")
-        n = tools.write_index(self.data_dir, output)
+        output = Path(opts.output or self.datadir.derived_dir / "index.cdxj")
+        n = write_index(self.data_dir, output)
         print(f"wrote {n:,} CDXJ lines to {output}")
         return 0
 
@@ -128,6 +130,6 @@ class Command(ScrapyCommand):
         target = rest[0] if rest else opts.output
         if not target:
             raise UsageError("give the WACZ file to write: scrapy catalog wacz OUT.wacz")
-        path = tools.WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
+        path = WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
         print(f"wrote {path}")
         return 0

@@ -14,9 +14,11 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
-from crawler.catalog import CatalogError
-from crawler.feeds import FeedFormatError, check_output
-from crawler.reparse import Reparse, ReparseConfig, ReparseError
+from crawler.reparse.feeds import FeedFormatError, check_output
+from crawler.reparse.plan import ReparseConfig, ReparseError
+from crawler.reparse.runner import Reparse
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import CatalogError
 
 
 class Command(ScrapyCommand):
@@ -86,7 +88,7 @@ class Command(ScrapyCommand):
             raise UsageError("--limit takes a number of 0 or more", print_help=False)
         config = ReparseConfig(
             spider=args[0],
-            data_dir=Path(self.settings.get("DATA_DIR") or "data"),
+            data_dir=DataDir.from_settings(self.settings).root,
             archive_glob=opts.archive,
             callback=opts.callback,
             output=Path(opts.output) if opts.output else None,

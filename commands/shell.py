@@ -12,12 +12,11 @@ ARCHIVE_SHELL (``-s ARCHIVE_SHELL=...``):
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from scrapy.commands.shell import Command as ScrapyShellCommand
 from scrapy.exceptions import UsageError
 
-from crawler.store import DataDirLock, StoreError
+from crawler.storage.datadir import DataDir
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +52,6 @@ def shell_settings(settings, data_dir_free: bool = True) -> dict:
     }
 
 
-def data_dir_free(data_dir: Path) -> bool:
-    """Whether no crawl holds the data directory right now."""
-    lock = DataDirLock(data_dir / ".lock")
-    try:
-        lock.acquire()
-    except StoreError:
-        return False
-    lock.release()
-    return True
-
-
 class Command(ScrapyShellCommand):
     def short_desc(self) -> str:
         return "Interactive console; stored URLs are answered from the archive (ARCHIVE_SHELL)"
@@ -73,44 +61,40 @@ class Command(ScrapyShellCommand):
 
     def process_options(self, args, opts) -> None:
         super().process_options(args, opts)
-        data_dir = Path(self.settings.get("DATA_DIR") or "data")
-        free = data_dir_free(data_dir)
+        datadir = DataDir.from_settings(self.settings)
+        free = datadir.is_free()
         if not free and (self.settings.get("ARCHIVE_SHELL") or "archive") == "archive":
-            logger.warning("%s is in use by a crawl: URLs fetched live are not stored", data_dir)
+            logger.warning(
+                "%s is in use by a crawl: URLs fetched live are not stored", datadir.root
+            )
         for name, value in shell_settings(self.settings, free).items():
             if (self.settings.getpriority(name) or 0) < 40:
                 self.settings.set(name, value, priority="project")
 
+    def update_vars(self, vars: dict) -> None:  # noqa: A002 - Scrapy's name
+        # Scrapy's hook for the shell's variables, called with the crawler once the
+        # shell has one: the crawler whose storage is closed when the shell ends.
+        super().update_vars(vars)
+        self.shell_crawler = vars.get("crawler")
+
     def run(self, args, opts) -> None:
-        created = []
-        create = self.crawler_process._create_crawler
-
-        def capture(spidercls):
-            crawler = create(spidercls)
-            created.append(crawler)
-            return crawler
-
-        self.crawler_process._create_crawler = capture
+        self.shell_crawler = None
         try:
             super().run(args, opts)
         finally:
-            for crawler in created:
-                close_archive(crawler)
+            if self.shell_crawler is not None:
+                close_storage(self.shell_crawler)
 
 
-def close_archive(crawler) -> None:
-    """Commit what the shell stored and stop the archive writer process (the shell
-    leaves without closing its spider, and the writer would keep the process alive)."""
-    from middlewares.archive import ArchiveMiddleware
-
-    engine = getattr(crawler, "engine", None)
-    downloader = getattr(engine, "downloader", None)
-    if downloader is None:
-        return
+def close_storage(crawler) -> None:
+    """Commit what the shell stored and stop the archive writer process: the shell
+    leaves without closing its spider, and the writer would outlive it."""
     from twisted.internet import reactor
     from twisted.internet.threads import blockingCallFromThread
 
-    for mw in downloader.middleware.middlewares:
-        if isinstance(mw, ArchiveMiddleware):
-            # On the crawler's thread: the catalog connection belongs to it.
-            blockingCallFromThread(reactor, mw.spider_closed, None, "shell_closed")
+    from middlewares.archive import ArchiveMiddleware
+
+    archive = crawler.get_downloader_middleware(ArchiveMiddleware)
+    if archive is not None:
+        # On the crawler's thread: the catalog connection belongs to it.
+        blockingCallFromThread(reactor, archive.close_storage)

@@ -48,7 +48,7 @@ ARCHIVE_ROLLOVER_BYTES = 1_000_000_000
 # closed files can be shipped while the crawl runs (slurm/crawl.sbatch sets it).
 ARCHIVE_ROLLOVER_SECONDS = 0
 # Glob patterns of other catalogs (read-only) whose URLs count as stored: a Slurm task
-# skips what the shared catalog or any task's shipped catalog holds (crawler/seen.py).
+# skips what the shared catalog or any task's shipped catalog holds (crawler/storage/seen.py).
 CATALOG_SEEN = []
 ARCHIVE_PREFIX = "crawl"
 # Each record is its own gzip member. ISA-L (isal) at level 1 compresses 50 KB of HTML

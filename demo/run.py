@@ -12,7 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from crawler.catalog import Catalog
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
 from demo.site import DemoSite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,25 +41,24 @@ def url_list(base: str, path: Path) -> Path:
 
 
 def show_catalog(data_dir: Path) -> None:
-    with Catalog(data_dir / "metadata.db", readonly=True) as catalog:
+    datadir = DataDir(data_dir)
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
         summary = catalog.summary()
         types = Counter(
             (row.content_type or "?").split(";")[0] for row in catalog.rows()
         ).most_common(5)
-    archives = sorted((data_dir / "archive").glob("*.warc.gz"))
+    archives = datadir.archives()
     size = sum(p.stat().st_size for p in archives)
     print("\nWhat the catalog holds")
-    print(f"  catalog        {data_dir / 'metadata.db'}")
+    print(f"  catalog        {datadir.catalog_path}")
     print(f"  rows           {summary['rows']:,}")
     for status, n in summary["by_status"].items():
         print(f"    status {status:<6} {n:,}")
     for ctype, n in types:
         print(f"    {ctype:<13} {n:,}")
     print(f"  bodies         {summary['bytes'] / 1e6:.1f} MB")
-    print(
-        f"  archive        {len(archives)} file(s), {size / 1e6:.1f} MB in {data_dir / 'archive'}"
-    )
-    print(f"  action log     {data_dir / 'fetch_log.jsonl'}")
+    print(f"  archive        {len(archives)} file(s), {size / 1e6:.1f} MB in {datadir.archive_dir}")
+    print(f"  action log     {datadir.action_log_path}")
     print(
         "\nMore: .venv/bin/scrapy catalog stats -s DATA_DIR=demo-data"
         " (and make demo again resumes: nothing is fetched twice)"

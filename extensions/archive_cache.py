@@ -4,7 +4,8 @@
 when the request's key is in the catalog (the response the crawl saw: class, final
 URL, status, headers, body) and None otherwise, so Scrapy's cache semantics apply
 (``HTTPCACHE_IGNORE_MISSING`` drops misses instead of fetching them). It never
-writes: the crawl's ``ArchiveMiddleware`` stores.
+writes: the crawl's ``ArchiveMiddleware`` stores. Both replay through a
+:class:`~crawler.storage.session.StorageSession`.
 
 Replay a whole crawl offline::
 
@@ -18,14 +19,14 @@ Replay a whole crawl offline::
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 from scrapy.http import Request, Response
 
-from crawler.archive import ArchiveError, read_any, resolve
-from crawler.catalog import Catalog, CatalogError
-from crawler.keys import request_key
-from crawler.responses import build_response
+from crawler.reparse.responses import build_response
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import CatalogError
+from crawler.storage.keys import request_key
+from crawler.storage.session import StorageSession
 
 logger = logging.getLogger(__name__)
 
@@ -34,45 +35,38 @@ class ArchiveCacheStorage:
     """``HTTPCACHE_STORAGE`` backend reading DATA_DIR's catalog and archive."""
 
     def __init__(self, settings):
-        self.data_dir = Path(settings.get("DATA_DIR") or "data")
-        self.catalog_path = self.data_dir / "metadata.db"
-        self.catalog: Catalog | None = None
+        self.session = StorageSession.reading(DataDir.from_settings(settings))
         self.stats = None
 
     def open_spider(self, spider) -> None:
         crawler = getattr(spider, "crawler", None)
         self.stats = crawler.stats if crawler is not None else None
         try:
-            self.catalog = Catalog(self.catalog_path, readonly=True)
+            self.session.open_readonly()
         except CatalogError as exc:
             logger.warning("No stored responses to answer from: %s", exc)
-            self.catalog = None
             return
-        logger.info("Answering cached requests from %s", self.catalog_path)
+        logger.info("Answering cached requests from %s", self.session.datadir.catalog_path)
 
     def close_spider(self, spider) -> None:
-        if self.catalog is not None:
-            self.catalog.close()
-            self.catalog = None
+        self.session.close()
 
     def _inc(self, key: str) -> None:
         if self.stats is not None:
             self.stats.inc_value(key)
 
     def retrieve_response(self, spider, request: Request) -> Response | None:
-        if self.catalog is None:
+        if self.session.catalog is None:
             return None
         key = request.meta.get("catalog_key") or request_key(
             request.url, request.method, request.body
         )
-        row = self.catalog.get(key)
+        row = self.session.lookup(key)
         if row is None:
             self._inc("httpcache/archive_miss")
             return None
-        try:
-            stored = read_any(resolve(self.data_dir, row.archive), row.offset, row.length)
-        except (ArchiveError, OSError) as exc:
-            logger.warning("Stored copy of %s unreadable, treated as a miss: %s", request.url, exc)
+        stored = self.session.replay(row)
+        if stored is None:  # unreadable: a miss
             self._inc("httpcache/archive_read_errors")
             return None
         self._inc("httpcache/archive_hit")

@@ -2,15 +2,16 @@
 
 Scrapy's ``RFPDupeFilter`` keeps the fingerprint of every request it has seen in a
 Python set, about 100 bytes each: a gigabyte for a list of ten million URLs, in a
-process that otherwise needs ~150 MB. :class:`SpillingDupeFilter` keeps them in a set
+process that otherwise needs far less. :class:`SpillingDupeFilter` keeps them in a set
 as Scrapy does until ``DUPEFILTER_MEMORY_FINGERPRINTS`` are there, then moves them into
 a private temporary SQLite database and starts a new set. SQLite holds at most
 ``DUPEFILTER_CACHE_MIB`` of that database in memory and the rest in a temporary file
 under ``SQLITE_TMPDIR`` (node-local disk on a cluster), deleted when the crawl ends.
 
 A crawl below the threshold runs exactly as with Scrapy's filter; above it, a request
-costs one more SQLite lookup (~6 us; benchmarks/bench_dupefilter.py). With ``JOBDIR`` set, Scrapy's own file of
-fingerprints is kept as well, so a paused job resumes with them.
+costs one more SQLite lookup (README: Benchmarks, ``benchmarks/bench_dupefilter.py``).
+With ``JOBDIR`` set, Scrapy's own file of fingerprints is kept as well, so a paused job
+resumes with them.
 """
 
 from __future__ import annotations
@@ -64,6 +65,11 @@ class SpillingDupeFilter(RFPDupeFilter):
             cache_mib=settings.getint("DUPEFILTER_CACHE_MIB", 16),
         )
 
+    @property
+    def in_memory(self) -> int:
+        """Fingerprints held in memory now (the rest are in the temporary database)."""
+        return len(self._fingerprints)
+
     def request_seen(self, request: Request) -> bool:
         fp = self._fingerprint(request)
         if fp in self._fingerprints:
@@ -93,8 +99,8 @@ class SpillingDupeFilter(RFPDupeFilter):
         try:
             if self._db is None:
                 self._open()
-            # In key order the B-tree is walked once: a spill of 250,000 into 3 million
-            # takes 0.5 s instead of 1.1 s, and stays flat as the table grows.
+            # In key order the B-tree is walked once: a spill takes half the time, and
+            # stays flat as the table grows (README: Benchmarks).
             self._db.executemany(_INSERT, ((fp,) for fp in sorted(self._fingerprints)))
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc

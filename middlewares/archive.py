@@ -1,8 +1,9 @@
 """Stores every response the crawl receives, and skips what is already stored.
 
-``ArchiveMiddleware`` sits at the outer end of the downloader middlewares (after
-redirects, retries and decompression have happened), so it sees each request once on
-its way out and its final answer once on the way back:
+``ArchiveMiddleware`` is the Scrapy side of a :class:`~crawler.storage.session.StorageSession`
+(which does the storing). It sits at the outer end of the downloader middlewares
+(after redirects, retries and decompression have happened), so it sees each request
+once on its way out and its final answer once on the way back:
 
 - on the way out, a request whose key is in the catalog is not sent: it is logged as
   a ``cache_hit`` and dropped, or answered from the archive when its meta asks for
@@ -13,99 +14,53 @@ its way out and its final answer once on the way back:
   run tries again).
 
 Request meta keys: ``catalog_key`` (computed if absent), ``catalog_replay``,
-``catalog_revalidate`` (or the spider attribute ``revalidate``).
+``catalog_revalidate`` (or the spider attribute ``revalidate``), and
+``render_source``: set by a downloader that hands the spider something other than
+what the server sent (a browser hands over the DOM it rendered). It holds the
+server's answer as plain data (``url``, ``status``, ``headers``, ``body``,
+``request_headers``), or None when none was captured; that answer is stored as the
+response and the response's body as what was rendered from it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
 
 from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured
-from scrapy.http import Response
+from scrapy.http import Response, TextResponse
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task
 
 from crawler import signals as crawler_signals
-from crawler.actionlog import ActionLog
-from crawler.archive import MAX_LEVEL, ArchiveError, Fetch, read_any, resolve
-from crawler.catalog import Catalog, CatalogError
-from crawler.keys import request_key
-from crawler.responses import build_response
-from crawler.seen import with_seen
+from crawler.reparse.responses import build_response
 from crawler.signals import attempt_fields
-from crawler.store import DataDirLock, StoreConfig, StoreError, WriterProcess, recover
-from middlewares.render import rendered_fetch
+from crawler.storage.errors import CatalogError, StoreError
+from crawler.storage.keys import request_key
+from crawler.storage.records import ORIG_PREFIX, Fetch, Headers
+from crawler.storage.session import SessionConfig, StorageSession
 
 logger = logging.getLogger(__name__)
 # How often counts kept by the middleware reach the stats.
 COUNTS_SECONDS = 1.0
 
 CACHED_FLAG = "cached"
-_HIDDEN_REQUEST_HEADERS = {b"proxy-authorization", b"authorization"}
+SOURCE_META = "render_source"
+HIDDEN_REQUEST_HEADERS = frozenset({"proxy-authorization", "authorization"})
+_HIDDEN = frozenset(name.encode() for name in HIDDEN_REQUEST_HEADERS)
 
 
 class CachedRequest(IgnoreRequest):
     """The request's answer is already stored."""
 
 
-@dataclass
-class StorageSettings:
-    data_dir: Path
-    store_statuses: frozenset[int]
-    queue_bytes: int
-    store: StoreConfig
-
-    @classmethod
-    def from_settings(cls, settings) -> StorageSettings:
-        data_dir = Path(settings.get("DATA_DIR") or "data")
-        batch_size = settings.getint("CATALOG_BATCH_SIZE")
-        if batch_size < 1:
-            raise ValueError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
-        compressor = settings.get("ARCHIVE_COMPRESSOR") or "isal"
-        if compressor not in MAX_LEVEL:
-            raise ValueError(
-                f"ARCHIVE_COMPRESSOR must be one of {sorted(MAX_LEVEL)}, not {compressor!r}"
-            )
-        level = settings.getint("ARCHIVE_GZIP_LEVEL")
-        if not 0 <= level <= MAX_LEVEL[compressor]:
-            raise ValueError(
-                f"ARCHIVE_GZIP_LEVEL must be 0-{MAX_LEVEL[compressor]} with "
-                f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
-            )
-        return cls(
-            data_dir=data_dir,
-            store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
-            queue_bytes=settings.getint("ARCHIVE_QUEUE_BYTES"),
-            store=StoreConfig(
-                data_dir=data_dir,
-                prefix=settings.get("ARCHIVE_PREFIX") or "crawl",
-                rollover_bytes=settings.getint("ARCHIVE_ROLLOVER_BYTES"),
-                gzip_level=level,
-                compressor=compressor,
-                batch_size=batch_size,
-                flush_seconds=settings.getfloat("CATALOG_FLUSH_SECONDS"),
-                rollover_seconds=settings.getfloat("ARCHIVE_ROLLOVER_SECONDS"),
-                format=archive_format(settings),
-            ),
-        )
-
-
-def archive_format(settings) -> str:
-    fmt = (settings.get("ARCHIVE_FORMAT") or "warc").lower()
-    if fmt not in ("warc", "zip"):
-        raise ValueError(f"ARCHIVE_FORMAT must be warc or zip, not {fmt!r}")
-    return fmt
-
-
 def _is_robots(request: Request) -> bool:
     return request.meta.get("dont_obey_robotstxt") and request.url.endswith("/robots.txt")
 
 
-def _headers(headers, hidden: set[bytes] = frozenset()) -> list[tuple[str, str]]:
+def header_list(headers, hidden: frozenset[bytes] = frozenset()) -> Headers:
+    """Scrapy headers as the archive keeps them, without the ``hidden`` ones."""
     # dict.items: Scrapy's Headers.items() normalises every key and value again, which
     # cost more than everything else the middleware does per response.
     return [
@@ -116,6 +71,58 @@ def _headers(headers, hidden: set[bytes] = frozenset()) -> list[tuple[str, str]]
     ]
 
 
+def response_fetch(key: str, request: Request, response: Response) -> Fetch:
+    """What the archive stores of a response."""
+    meta = request.meta
+    if SOURCE_META in meta:
+        return captured_fetch(key, request, response, meta[SOURCE_META])
+    return Fetch(
+        key=key,
+        url=meta.get("catalog_url", request.url),
+        final_url=response.url,
+        method=request.method,
+        request_headers=header_list(request.headers, _HIDDEN),
+        request_body=request.body,
+        status=response.status,
+        response_headers=header_list(response.headers),
+        body=response.body,
+    )
+
+
+def captured_fetch(key: str, request: Request, response: Response, source: dict | None) -> Fetch:
+    """A response made from a server's answer (``source``, see the module's docstring):
+    that answer, and the response's body as what was rendered from it."""
+    rendered = response.body
+    if isinstance(response, TextResponse):
+        rendered_type = f"text/html; charset={response.encoding}"
+    else:
+        rendered_type = response.headers.get("Content-Type", b"text/html").decode("latin-1")
+    if source is None:  # nothing captured: store the rendered body as the answer
+        source = {"url": response.url, "status": response.status, "body": rendered}
+        source["headers"] = [("Content-Type", rendered_type)]
+        source["request_headers"] = []
+        rendered = None
+    return Fetch(
+        key=key,
+        url=request.meta.get("catalog_url", request.url),
+        final_url=source["url"],
+        method=request.method,
+        request_headers=[
+            (n, v) for n, v in source["request_headers"] if n.lower() not in HIDDEN_REQUEST_HEADERS
+        ],
+        request_body=request.body,
+        status=source["status"],
+        # The body was handed over decoded, as Scrapy does.
+        response_headers=[
+            (ORIG_PREFIX + n if n.lower() == "content-encoding" else n, v)
+            for n, v in source["headers"]
+        ],
+        body=source["body"],
+        rendered_body=rendered,
+        rendered_type=rendered_type,
+    )
+
+
 class ArchiveMiddleware:
     def __init__(self, crawler):
         if not crawler.settings.getbool("ARCHIVE_ENABLED", True):
@@ -123,19 +130,16 @@ class ArchiveMiddleware:
         self.crawler = crawler
         self.stats = crawler.stats
         # Per-response counts are kept here and added to the stats once a second (and
-        # at the end): Scrapy's stats collector hooks every attribute access, and four
-        # counts a response cost it ~20 us on the crawl's thread.
+        # at the end): Scrapy's stats collector hooks every attribute access, which
+        # cost more per response than counting here (README: Benchmarks).
         self._counts: dict[str, int] = {}
         self._pusher = task.LoopingCall(self._push_counts)
-        self.config = StorageSettings.from_settings(crawler.settings)
-        self.seen_patterns = crawler.settings.getlist("CATALOG_SEEN")
-        self.revalidate = False
-        self.catalog: Catalog | None = None
+        self.config = SessionConfig.from_settings(crawler.settings)
+        self.session = StorageSession(self.config)
         # Started now, so that it loads while Scrapy starts up; it opens the store in
         # spider_opened, once the data directory is recovered.
-        self.writer: WriterProcess | None = WriterProcess(queue_bytes=self.config.queue_bytes)
-        self.log: ActionLog | None = None
-        self._lock = DataDirLock(self.config.store.lock_path)
+        self.session.start_writer()
+        self.revalidate = False
         self._failed = False
         self._storing = False  # the writer has opened the store
 
@@ -151,82 +155,37 @@ class ArchiveMiddleware:
 
     def spider_opened(self, spider) -> None:
         self.revalidate = bool(getattr(spider, "revalidate", False))
-        config = self.config.store
+        datadir = self.session.datadir
         try:
-            self._lock.acquire()
-            recovery = recover(config)
-            for repair in recovery.repairs:
-                logger.warning(
-                    "Repaired %s left open by a killed run: %d records kept, %d bytes cut%s",
-                    repair.path,
-                    repair.records,
-                    repair.cut_bytes,
-                    f" (saved in {repair.cut_file})" if repair.cut_file else "",
-                )
-            if recovery.indexed_rows:
-                logger.warning(
-                    "Indexed %d stored records the catalog lacked", recovery.indexed_rows
-                )
-                self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
-            Catalog(config.catalog_path).close()  # creates or migrates it
-            self.catalog = with_seen(
-                Catalog(config.catalog_path, readonly=True), self.seen_patterns
-            )
-            self.log = ActionLog(config.action_log_path)
-            self.writer.open(config)
+            recovery = self.session.open()
         except (StoreError, CatalogError, OSError) as exc:
-            self._fail(f"cannot open the data directory {config.data_dir}: {exc}")
+            self._fail(f"cannot open the data directory {datadir.root}: {exc}")
             return
+        if recovery.indexed_rows:
+            self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
         self._storing = True
         self._pusher.start(COUNTS_SECONDS, now=False)
-        logger.info("Storing in %s (catalog %s)", config.data_dir, config.catalog_path)
+        logger.info("Storing in %s (catalog %s)", datadir.root, datadir.catalog_path)
 
-    def spider_closed(self, spider, reason) -> None:
+    def spider_closed(self, spider=None, reason: str = "finished") -> None:
+        self.close_storage()
+
+    def close_storage(self) -> None:
+        """Drain the writer, commit, release the data directory; log the summary."""
         if self._pusher.running:
             self._pusher.stop()
         self._push_counts()
-        summary = None
         self._storing = False
-        if self.writer is not None:
-            try:
-                summary = self.writer.close()
-            except StoreError as exc:
-                logger.error("The archive writer failed: %s", exc)
-            self.writer = None
+        try:
+            summary = self.session.close()
+        except StoreError as exc:
+            logger.error("The archive writer failed: %s", exc)
+            summary = None
         if summary:
             self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
             # What storing cost besides the crawl's own process (benchmarks read it).
             self.stats.set_value("archive/writer_cpu_seconds", round(summary["cpu_seconds"], 3))
-            self._log_summary(summary)
-        if self.catalog is not None:
-            self.catalog.close()
-            self.catalog = None
-        if self.log is not None:
-            self.log.close()
-        self._lock.release()
-
-    def _log_summary(self, summary: dict) -> None:
-        config = self.config.store
-        with Catalog(config.catalog_path, readonly=True) as catalog:
-            totals = catalog.summary()
-        archive_bytes = sum(p.stat().st_size for p in config.archive_dir.glob("*.warc.gz*"))
-        by_status = ", ".join(f"{s}: {n}" for s, n in totals["by_status"].items()) or "none"
-        logger.info(
-            "This run stored %d responses (%s bytes) and refreshed %d.\n"
-            "Catalog %s: %d rows (%s), %s bytes of bodies.\n"
-            "Archive %s: %.1f MB in %d files. Action log: %s",
-            summary["stored"],
-            f"{summary['bytes']:,}",
-            summary["refreshed"],
-            config.catalog_path,
-            totals["rows"],
-            by_status,
-            f"{totals['bytes']:,}",
-            config.archive_dir,
-            archive_bytes / 1e6,
-            len(list(config.archive_dir.glob("*.warc.gz"))),
-            config.action_log_path,
-        )
+            logger.info("%s", self.session.summary(summary).text())
 
     def _fail(self, message: str) -> None:
         if self._failed:
@@ -245,8 +204,9 @@ class ArchiveMiddleware:
         self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
     ) -> None:
         self._count(outcome, depth)
-        if self.log is not None:
-            self.log.write(url, key, outcome, **fields)
+        log = self.session.log
+        if log is not None:
+            log.write(url, key, outcome, **fields)
 
     def _inc(self, name: str, count: int = 1) -> None:
         counts = self._counts
@@ -286,10 +246,10 @@ class ArchiveMiddleware:
 
     def filter_start(self, requests: list[Request]) -> list[Request]:
         """Drop the stored ones among a batch of start requests, with one query."""
-        if self.catalog is None:
+        if self.session.catalog is None:
             return requests
         keys = [self.key_for(r) for r in requests]
-        present = self.catalog.present(keys)
+        present = self.session.present(keys)
         out = []
         hits = []
         for request, key in zip(requests, keys, strict=True):
@@ -302,7 +262,7 @@ class ArchiveMiddleware:
             else:
                 out.append(request)
         if hits:
-            self.log.write_cache_hits(hits)
+            self.session.log.write_cache_hits(hits)
             for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
                 self._inc(name, len(hits))
         return out
@@ -314,7 +274,7 @@ class ArchiveMiddleware:
     # -- downloader middleware -------------------------------------------------------
 
     def process_request(self, request: Request) -> Response | None:
-        if self.catalog is None or _is_robots(request):
+        if self.session.catalog is None or _is_robots(request):
             return None
         meta = request.meta
         key = self.key_for(request)
@@ -325,7 +285,7 @@ class ArchiveMiddleware:
             return None
         if meta.get("catalog_revalidating"):
             return None  # a redirect or retry of a revalidation
-        row = self.catalog.get(key)
+        row = self.session.lookup(key)
         meta["catalog_checked"] = True
         meta["catalog_cached"] = row is not None
         if row is None:
@@ -351,10 +311,8 @@ class ArchiveMiddleware:
         raise CachedRequest(f"already stored: {request.url}")
 
     def _replay(self, request: Request, row) -> Response | None:
-        try:
-            stored = read_any(resolve(self.config.data_dir, row.archive), row.offset, row.length)
-        except (ArchiveError, OSError) as exc:
-            logger.warning("Stored copy of %s unreadable, fetching it again: %s", request.url, exc)
+        stored = self.session.replay(row)
+        if stored is None:  # unreadable: fetched again
             self.stats.inc_value("archive/read_errors")
             return None
         self.stats.inc_value("archive/replayed")
@@ -370,13 +328,13 @@ class ArchiveMiddleware:
         if status not in self.config.store_statuses:
             self._record(request, "error", status=status, error=f"HTTP {status}")
             return response
-        fetch = self._fetch(request, response)
+        fetch = response_fetch(self.key_for(request), request, response)
         size = len(fetch.body)
         # The writer process writes the "ok" line once the records are written.
         action = self._fields(request, outcome="ok", status=status, bytes=size, ts=time.time())
         depth = action.pop("depth")
         try:
-            self.writer.put(fetch, action)
+            self.session.put(fetch, action)
         except StoreError as exc:
             self._record(request, "error", status=status, error=f"not stored: {exc}")
             self._fail(str(exc))
@@ -388,8 +346,9 @@ class ArchiveMiddleware:
 
     def _not_modified(self, request: Request, response: Response) -> Response:
         row = request.meta.get("catalog_row")
+        fetch = response_fetch(self.key_for(request), request, response)
         try:
-            self.writer.touch(self._fetch(request, response), row.fetched_at if row else None)
+            self.session.touch(fetch, row.fetched_at if row else None)
         except StoreError as exc:
             self._fail(str(exc))
             return response
@@ -399,24 +358,8 @@ class ArchiveMiddleware:
             return self._replay(request, row) or response
         return response
 
-    def _fetch(self, request: Request, response: Response) -> Fetch:
-        meta = request.meta
-        if "render_source" in meta:
-            return rendered_fetch(self.key_for(request), request, response)
-        return Fetch(
-            key=self.key_for(request),
-            url=meta.get("catalog_url", request.url),
-            final_url=response.url,
-            method=request.method,
-            request_headers=_headers(request.headers, _HIDDEN_REQUEST_HEADERS),
-            request_body=request.body,
-            status=response.status,
-            response_headers=_headers(response.headers),
-            body=response.body,
-        )
-
     def process_exception(self, request: Request, exception: Exception) -> None:
-        if self.log is None or isinstance(exception, CachedRequest) or _is_robots(request):
+        if self.session.log is None or isinstance(exception, CachedRequest) or _is_robots(request):
             return None
         if isinstance(exception, IgnoreRequest):
             error = str(exception) or "ignored"

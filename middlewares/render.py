@@ -10,9 +10,11 @@ For each rendered request this middleware sets scrapy-playwright's meta keys: th
 methods that wait (``Wait``) and then capture the main document's raw answer (status,
 headers, body as the server sent them) into ``meta["render_source"]``, and the browser
 context: one shared context, or with a proxy lease one context per lease, created with
-the lease's proxy and closed once the lease is rotated or banned. The archive middleware
-stores the raw answer as the ``response`` record and the rendered DOM (the body the
-spider parses) as a ``conversion`` record, which the catalog row points at.
+the lease's proxy and closed once the lease is rotated or banned. ``render_source`` is
+the storage's meta key for an answer captured by another downloader
+(middlewares/archive.py): the archive stores the raw answer as the ``response`` record
+and the rendered DOM (the body the spider parses) as a ``conversion`` record, which
+the catalog row points at.
 
 Request meta keys: ``render`` (bool or wait spec), ``render_wait`` (wait spec),
 ``render_page_methods`` (scrapy-playwright ``PageMethod``s run after the wait, e.g. a
@@ -31,10 +33,9 @@ from urllib.parse import unquote, urlsplit
 
 from scrapy import Request, signals
 from scrapy.exceptions import NotConfigured
-from scrapy.http import Response, TextResponse
+from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro
 
-from crawler.archive import ORIG_PREFIX, Fetch
 from crawler.render import RenderConfig, RenderConfigError, Wait, flag
 from crawler.signals import send_action
 
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT = "render"
-_HIDDEN_REQUEST_HEADERS = {"proxy-authorization", "authorization"}
 # The meta key that marks an attempt this middleware sent to the browser (popped once).
 _META_CONTEXT = "_render_context"
 
@@ -287,38 +287,3 @@ class MainDocumentCapture:
                 (h["name"], h["value"]) for h in await response.request.headers_array()
             ],
         }
-
-
-def rendered_fetch(key: str, request: Request, response: Response) -> Fetch:
-    """The archive's Fetch of a rendered page: the server's answer plus the DOM."""
-    meta = request.meta
-    source = meta.get("render_source")
-    rendered = response.body
-    if isinstance(response, TextResponse):
-        rendered_type = f"text/html; charset={response.encoding}"
-    else:
-        rendered_type = response.headers.get("Content-Type", b"text/html").decode("latin-1")
-    if source is None:  # nothing captured: store the DOM as the answer
-        source = {"url": response.url, "status": response.status, "body": rendered}
-        source["headers"] = [("Content-Type", rendered_type)]
-        source["request_headers"] = []
-        rendered = None
-    return Fetch(
-        key=key,
-        url=meta.get("catalog_url", request.url),
-        final_url=source["url"],
-        method=request.method,
-        request_headers=[
-            (n, v) for n, v in source["request_headers"] if n.lower() not in _HIDDEN_REQUEST_HEADERS
-        ],
-        request_body=request.body,
-        status=source["status"],
-        # The browser hands over decoded bodies, as Scrapy does.
-        response_headers=[
-            (ORIG_PREFIX + n if n.lower() == "content-encoding" else n, v)
-            for n, v in source["headers"]
-        ],
-        body=source["body"],
-        rendered_body=rendered,
-        rendered_type=rendered_type,
-    )

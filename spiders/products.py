@@ -16,7 +16,7 @@ import re
 from scrapy.http import TextResponse
 
 from crawler.items import Product
-from crawler.parsers import listed_url
+from crawler.spiderkit.parsers import listed_url
 from spiders.site import SiteSpider
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")

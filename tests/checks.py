@@ -6,23 +6,17 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from crawler.actionlog import read as read_log
-from crawler.archive import (
-    Indexed,
-    index_any,
-    index_file,
-    index_record,
-    is_zip,
-    iter_members,
-    parse_record,
-    read_any,
-    resolve,
-)
-from crawler.catalog import Catalog, Row
+from crawler.storage import formats
+from crawler.storage.actionlog import read as read_log
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import TruncatedRecordError
+from crawler.storage.formats.base import Scan
+from crawler.storage.records import Row
 
 
 def catalog_rows(data_dir: Path) -> dict[str, Row]:
-    db = data_dir / "metadata.db"
+    db = DataDir(data_dir).catalog_path
     if not db.exists():
         return {}
     with Catalog(db, readonly=True) as catalog:
@@ -36,9 +30,10 @@ def rows_by_url(data_dir: Path) -> dict[str, Row]:
 def assert_rows_readable(data_dir: Path, site=None) -> dict[str, Row]:
     """Every row's record is readable, its body has the row's size and digest, and
     (given the site) equals what the server meant to send."""
+    datadir = DataDir(data_dir)
     rows = catalog_rows(data_dir)
     for row in rows.values():
-        stored = read_any(resolve(data_dir, row.archive), row.offset, row.length)
+        stored = datadir.read(row)
         assert len(stored.body) == row.bytes, row
         assert stored.status == row.status, row
         assert dict(stored.warc_headers)["WARC-Payload-Digest"] == row.payload_digest
@@ -50,32 +45,24 @@ def assert_rows_readable(data_dir: Path, site=None) -> dict[str, Row]:
 
 def response_records(data_dir: Path) -> Counter:
     """How many complete response records each key has across the archives."""
+    datadir = DataDir(data_dir)
     counts: Counter = Counter()
-    for path in sorted((data_dir / "archive").glob("*")):
-        if ".cut-" in path.name:
-            continue
+    for path in [*datadir.archives(), *datadir.open_archives()]:
         indexed = index_file_tolerant(path, data_dir)
         counts.update(row.key for row in indexed)
     return counts
 
 
 def index_file_tolerant(path: Path, data_dir: Path) -> list[Row]:
-    if is_zip(path):
-        return index_any(path, data_dir).rows
+    fmt = formats.for_path(path)
     try:
-        return index_file(path, data_dir).rows
-    except Exception:
-        # An open file may end inside a record: count the complete ones.
-        out = Indexed()
-        with open(path, "rb") as f:
-            try:
-                for offset, length, raw in iter_members(f):
-                    record, _ = parse_record(raw)
-                    index_record(record, path.name, offset, length, out)
-            except Exception:
-                pass
-        return out.rows
+        return fmt.index(path, data_dir).rows
+    except TruncatedRecordError:
+        # An open file may end inside a record: count the complete ones before it.
+        scan = Scan()
+        fmt.scan(path, path.name, scan)
+        return scan.indexed.rows
 
 
 def actions(data_dir: Path) -> list[dict]:
-    return read_log(data_dir / "fetch_log.jsonl")
+    return read_log(DataDir(data_dir).action_log_path)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from crawler import settings as project
 from demo.site import DemoSite
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,6 +26,19 @@ def site():
 @pytest.fixture
 def data_dir(tmp_path) -> Path:
     return tmp_path / "data"
+
+
+def project_settings(data_dir: Path, **overrides) -> dict:
+    """The project's settings for an in-process crawler (``get_crawler``) on ``data_dir``."""
+    values = {k: v for k, v in vars(project).items() if k.isupper()}
+    values.update(
+        DATA_DIR=str(data_dir),
+        AUTOTHROTTLE_ENABLED=False,
+        PROGRESS_INTERVAL=0,
+        LOG_LEVEL="WARNING",
+    )
+    values.update(overrides)
+    return values
 
 
 def write_urls(path: Path, lines: list[str]) -> Path:

@@ -17,10 +17,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
 from tests.servers import free_port, need
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
@@ -237,3 +241,40 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# -- what the Slurm tests check --------------------------------------------------------
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s")
+
+
+def slow_urls(site, first: int, n: int, ms: int) -> list[str]:
+    return [f"{site.base_url}/slow/{k}?ms={ms}" for k in range(first, first + n)]
+
+
+def fetched(site, urls: list[str]) -> dict[str, int]:
+    return {urlsplit(u).path: site.counts[urlsplit(u).path] for u in urls}
+
+
+def shipped_rows(data: Path) -> dict[str, object]:
+    """URL -> row of every shipped catalog; each row must read back from DATA."""
+    out = {}
+    datadir = DataDir(data)
+    for db in datadir.shipped_catalogs():
+        with Catalog(db, readonly=True) as catalog:
+            for row in catalog.rows():
+                stored = datadir.read(row)
+                assert len(stored.body) == row.bytes, (db, row)
+                out[row.url] = row
+    return out
+
+
+def logs(data: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in sorted((data / "logs").glob("*")))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from crawler.actionlog import ActionLog, read
+from crawler.storage.actionlog import ActionLog, read
 
 URLS = [
     "http://a.com/p?x=1",

@@ -5,44 +5,15 @@ import gzip
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from crawler.archive import (
-    ArchiveError,
-    ArchiveWriter,
-    Fetch,
-    TruncatedRecordError,
-    index_file,
-    iter_members,
-    payload_headers,
-    read_record,
-    repair_open_file,
-    resolve,
-)
-from crawler.catalog import Catalog
-from crawler.store import Store, StoreConfig, recover
-
-BODY = "<html><body>caf\u00e9</body></html>".encode()
-
-
-def fetch(
-    key: str = "k1", body: bytes = BODY, status: int = 200, ts: float = 1_700_000_000.25
-) -> Fetch:
-    return Fetch(
-        key=key,
-        url=f"http://example.org/{key}",
-        final_url=f"http://example.org/{key}/final",
-        method="GET",
-        request_headers=[("User-Agent", "t"), ("Proxy-Authorization", "x")],
-        request_body=b"",
-        status=status,
-        response_headers=[
-            ("Content-Type", "text/html; charset=utf-8"),
-            ("Transfer-Encoding", "chunked"),
-            ("Content-Length", "3"),
-            ("ETag", '"abc"'),
-        ],
-        body=body,
-        fetched_at=ts,
-    )
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import ArchiveError, TruncatedRecordError
+from crawler.storage.formats.base import iter_members
+from crawler.storage.formats.warc import FORMAT as WARC
+from crawler.storage.formats.warc import WarcWriter
+from crawler.storage.records import payload_headers
+from crawler.storage.store import Store, StoreConfig, recover
+from tests.factories import BODY, fetch
 
 
 def test_payload_headers_describe_the_stored_body():
@@ -59,11 +30,11 @@ def test_payload_headers_describe_the_stored_body():
 
 
 def test_write_then_read_round_trip(tmp_path):
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path, prefix="t")
+    writer = WarcWriter(tmp_path / "archive", tmp_path, prefix="t")
     row = writer.write_fetch(fetch())
     writer.flush()
     assert (tmp_path / (row.archive + ".open")).exists()  # still being written
-    stored = read_record(resolve(tmp_path, row.archive), row.offset, row.length)
+    stored = WARC.read(DataDir(tmp_path).resolve(row.archive), row.offset, row.length)
     assert stored.body == BODY
     assert stored.status == 200
     assert stored.url == "http://example.org/k1/final"
@@ -81,24 +52,23 @@ def test_write_then_read_round_trip(tmp_path):
         types = [(r.rec_type, r.rec_headers.get_header("WARC-Type")) for r in ArchiveIterator(f)]
     assert [t for t, _ in types] == ["warcinfo", "response", "request"]
     # the index rebuilt from the file equals the row written
-    assert index_file(path, tmp_path).rows == [row]
+    assert WARC.index(path, tmp_path).rows == [row]
 
 
 def test_request_record_hides_credentials(tmp_path):
-    from scrapy.http import Headers
+    from scrapy.http import HtmlResponse, Request
 
-    from middlewares.archive import _HIDDEN_REQUEST_HEADERS, _headers
+    from middlewares.archive import response_fetch
 
-    sent = Headers(
-        {
-            "User-Agent": "t",
-            "Proxy-Authorization": "Basic c2VjcmV0",
-            "Authorization": "Basic c2VjcmV0",
-        }
-    )
-    record = fetch()
-    record.request_headers = _headers(sent, _HIDDEN_REQUEST_HEADERS)
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path)
+    sent = {
+        "User-Agent": "t",
+        "Proxy-Authorization": "Basic c2VjcmV0",
+        "Authorization": "Basic c2VjcmV0",
+    }
+    request = Request("http://example.org/k1", headers=sent)
+    response = HtmlResponse("http://example.org/k1", body=BODY, request=request)
+    record = response_fetch("k1", request, response)
+    writer = WarcWriter(tmp_path / "archive", tmp_path)
     row = writer.write_fetch(record)
     writer.close()
     with open(tmp_path / row.archive, "rb") as f:
@@ -108,7 +78,7 @@ def test_request_record_hides_credentials(tmp_path):
 
 
 def test_rollover_renames_closed_files(tmp_path):
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path, rollover_bytes=1)
+    writer = WarcWriter(tmp_path / "archive", tmp_path, rollover_bytes=1)
     first = writer.write_fetch(fetch("a"))
     assert writer.needs_rollover()
     writer.close()
@@ -124,30 +94,29 @@ def test_a_truncated_tail_is_cut_kept_aside_and_the_rest_indexed(tmp_path):
     store = Store(config)
     rows = [store.put(fetch(f"k{i}", body=BODY * (i + 1))) for i in range(5)]
     store.archive.flush()  # on disk, but no row committed
-    open_path = store.archive.path.with_name(store.archive.name + ".open")
+    open_path = store.archive.open_path
     good = open_path.stat().st_size
     with open(open_path, "ab") as f:
         f.write(gzip.compress(b"WARC/1.1\r\nWARC-Type: response\r\n")[:25])  # a torn record
     torn = open_path.read_bytes()[good:]
     # A crash: the file is left open and the batch is never committed.
-    store.archive._file.close()
-    store.catalog.close()
-    result = recover(config)
+    store.abandon()
+    result = recover(config.datadir)
     assert len(result.repairs) == 1
     repair = result.repairs[0]
     assert repair.cut_bytes == 25 and repair.cut_file.read_bytes() == torn
     closed = tmp_path / rows[0].archive
     assert closed.stat().st_size == good
     assert result.indexed_rows == 5
-    with Catalog(config.catalog_path, readonly=True) as catalog:
+    with Catalog(config.datadir.catalog_path, readonly=True) as catalog:
         assert {r.key for r in catalog.rows()} == {f"k{i}" for i in range(5)}
         for r in rows:
             assert catalog.get(r.key) == r
-            assert read_record(closed, r.offset, r.length).body == BODY * (int(r.key[1:]) + 1)
+            assert WARC.read(closed, r.offset, r.length).body == BODY * (int(r.key[1:]) + 1)
 
 
 def test_truncated_and_corrupt_records_are_reported_with_their_offset(tmp_path):
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path)
+    writer = WarcWriter(tmp_path / "archive", tmp_path)
     row = writer.write_fetch(fetch())
     writer.close()
     path = tmp_path / row.archive
@@ -155,7 +124,7 @@ def test_truncated_and_corrupt_records_are_reported_with_their_offset(tmp_path):
     truncated = tmp_path / "truncated.warc.gz"
     truncated.write_bytes(data[: row.offset + row.length // 2])
     with pytest.raises(TruncatedRecordError, match=f"offset {row.offset}"):
-        read_record(truncated, row.offset, row.length)
+        WARC.read(truncated, row.offset, row.length)
     with (
         open(truncated, "rb") as f,
         pytest.raises(TruncatedRecordError, match=f"offset {row.offset}"),
@@ -166,17 +135,17 @@ def test_truncated_and_corrupt_records_are_reported_with_their_offset(tmp_path):
     bad = tmp_path / "corrupt.warc.gz"
     bad.write_bytes(bytes(corrupt))
     with pytest.raises(ArchiveError, match=f"offset {row.offset}"):
-        read_record(bad, row.offset, row.length)
+        WARC.read(bad, row.offset, row.length)
 
 
 def test_revisit_records_refresh_on_rebuild(tmp_path):
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path)
+    writer = WarcWriter(tmp_path / "archive", tmp_path)
     row = writer.write_fetch(fetch(ts=1_700_000_000))
     not_modified = fetch(status=304, body=b"", ts=1_700_000_100)
     not_modified.response_headers = [("ETag", '"new"')]
     writer.write_revisit(not_modified, row.fetched_at)
     writer.close()
-    indexed = index_file(tmp_path / row.archive, tmp_path)
+    indexed = WARC.index(tmp_path / row.archive, tmp_path)
     assert indexed.rows == [row]
     assert indexed.touches == [("k1", '"new"', None, "2023-11-14T22:15:00.000000Z")]
     with open(tmp_path / row.archive, "rb") as f:
@@ -188,7 +157,7 @@ def test_repair_of_a_file_with_nothing_complete(tmp_path):
     (tmp_path / "archive").mkdir()
     open_path = tmp_path / "archive" / "x.warc.gz.open"
     open_path.write_bytes(b"\x1f\x8b\x08")
-    repair = repair_open_file(open_path, tmp_path)
+    repair = WARC.repair(open_path, tmp_path)
     assert repair.records == 0 and repair.cut_bytes == 3
     assert (tmp_path / "archive" / "x.warc.gz").stat().st_size == 0
     assert repair.cut_file.read_bytes() == b"\x1f\x8b\x08"

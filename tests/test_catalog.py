@@ -4,8 +4,8 @@ import sqlite3
 
 import pytest
 
-from crawler.catalog import SCHEMA_VERSION, Catalog, CatalogError, Row
-from crawler.keys import canonical_url, request_key
+from crawler.storage.catalog import SCHEMA_VERSION, Catalog, CatalogError, Row
+from crawler.storage.keys import canonical_url, request_key
 
 
 def row(key: str, fetched_at: str = "2026-01-01T00:00:00.000000Z", **kw) -> Row:
@@ -176,7 +176,7 @@ def test_the_summary_follows_every_write_without_a_scan(tmp_path):
 
 
 def test_an_older_catalog_gets_its_totals_when_migrated(tmp_path):
-    from crawler.catalog import MIGRATIONS, statements
+    from crawler.storage.catalog import MIGRATIONS, statements
 
     path = tmp_path / "metadata.db"
     conn = sqlite3.connect(path, isolation_level=None)

@@ -11,8 +11,13 @@ import zipfile
 import pyarrow.parquet as pq
 import pytest
 
-from crawler import catalog_tools as tools
-from crawler.catalog import Catalog
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.tools.export import export_catalog
+from crawler.tools.rebuild import Rebuild
+from crawler.tools.scan import ToolError, scan_archives
+from crawler.tools.stats import catalog_stats
+from crawler.tools.verify import Verify
 from tests.checks import catalog_rows
 from tests.cmdline import run_scrapy
 from tests.conftest import ROOT, run_crawl, write_urls
@@ -37,7 +42,7 @@ def crawled(site, tmp_path_factory):
 
 
 def test_stats_table(crawled):
-    stats = tools.catalog_stats(crawled)
+    stats = catalog_stats(crawled)
     assert stats.rows == 7
     assert dict(stats.by_status) == {200: 6, 404: 1}
     assert dict(stats.by_content_type)["text/html"] == 6
@@ -69,8 +74,8 @@ def test_rebuild_reproduces_the_catalog_row_for_row(crawled, tmp_path):
 
 
 def test_rebuild_refuses_to_overwrite_the_live_catalog(crawled):
-    with pytest.raises(tools.ToolError, match="live catalog"):
-        tools.Rebuild(crawled, crawled / "metadata.db").run()
+    with pytest.raises(ToolError, match="live catalog"):
+        Rebuild(crawled, crawled / "metadata.db").run()
 
 
 def test_rebuild_without_an_archive_drops_its_rows(crawled, tmp_path):
@@ -79,7 +84,7 @@ def test_rebuild_without_an_archive_drops_its_rows(crawled, tmp_path):
     archives = sorted((data_dir / "archive").glob("*.warc.gz"))
     assert len(archives) == 2
     archives[1].unlink()
-    result = tools.Rebuild(data_dir, tmp_path / "r.db").run()
+    result = Rebuild(data_dir, tmp_path / "r.db").run()
     with Catalog(result.path, readonly=True) as rebuilt:
         rows = {r.key: r for r in rebuilt.rows()}
     kept = {
@@ -123,7 +128,7 @@ def test_verify_finds_and_fixes(crawled, tmp_path):
     if damaged.key in after:
         assert after[damaged.key].fetched_at < damaged.fetched_at
         assert after[damaged.key].archive != damaged.archive
-    report = tools.Verify(data_dir).run()
+    report = Verify(data_dir).run()
     assert report.bad_rows == [] and report.orphans == []
 
 
@@ -155,7 +160,7 @@ def test_merge_keeps_the_newest_fetch(site, tmp_path):
 
 
 def test_export_parquet_and_csv(crawled, tmp_path):
-    n = tools.export_catalog(crawled, "parquet", tmp_path / "c.parquet")
+    n = export_catalog(crawled, "parquet", tmp_path / "c.parquet")
     table = pq.read_table(tmp_path / "c.parquet")
     assert n == table.num_rows == 7
     assert table.column("status").type == "int32"
@@ -232,7 +237,7 @@ def test_broken_samples_are_reported_with_file_and_offset(tmp_path):
     archive.mkdir()
     for name in ("truncated.warc.gz", "corrupt.warc.gz"):
         shutil.copy(SAMPLES / name, archive / name)
-    scan = tools.scan_archives(tools.archive_paths(tmp_path), tmp_path)
+    scan = scan_archives(DataDir(tmp_path).archives(), tmp_path)
     assert len(scan.problems) == 2, scan.problems
     truncated, corrupt = archive / "truncated.warc.gz", archive / "corrupt.warc.gz"
     assert any(p.startswith(f"{corrupt}: offset 1150:") for p in scan.problems), scan.problems

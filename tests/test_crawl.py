@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from crawler.keys import request_key
+from crawler.storage.keys import request_key
 from tests.checks import actions, assert_rows_readable, catalog_rows, rows_by_url
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 
@@ -254,9 +254,10 @@ def test_a_users_own_spider_gets_the_same_storage(site, tmp_path, data_dir):
 
 
 def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir):
-    from crawler.store import DataDirLock, StoreError
+    from crawler.storage.datadir import DataDir
+    from crawler.storage.errors import StoreError
 
-    lock = DataDirLock(data_dir / ".lock")
+    lock = DataDir(data_dir).lock()
     lock.acquire()
     try:
         result = run_crawl(
@@ -267,7 +268,7 @@ def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir
     assert result.returncode == 1
     assert "is in use by another crawl" in result.stderr
     with pytest.raises(StoreError):
-        other = DataDirLock(data_dir / ".lock")
+        other = DataDir(data_dir).lock()
         lock.acquire()
         other.acquire()
 
@@ -277,7 +278,7 @@ def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir
     ["a\n\n# c\nb\n", "# x\na\nb", "\n\na\r\n\r\nb\r\n", "a\n" * 3, "", "\n", "x\n" * 300_000],
 )
 def test_url_list_count_equals_its_entries(tmp_path, text):
-    from spiders.site import UrlList
+    from crawler.spiderkit.urls import UrlList
 
     path = tmp_path / "urls.txt"
     path.write_bytes(text.encode())

@@ -21,7 +21,7 @@ def test_fingerprints_moved_to_disk_are_still_recognised():
     dupes = make(10)
     urls = [f"http://example.org/p{n}?b=2&a=1" for n in range(1000)]
     assert not any(dupes.request_seen(Request(u)) for u in urls)
-    assert len(dupes._fingerprints) < 10
+    assert dupes.in_memory < 10
     assert dupes.spilled >= 990
     # Same canonical URL (query order), same method: a duplicate, wherever it is kept.
     assert all(dupes.request_seen(Request(f"http://example.org/p{n}?a=1&b=2")) for n in range(1000))

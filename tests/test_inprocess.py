@@ -7,8 +7,8 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
-from crawler import settings as project
 from middlewares.archive import CACHED_FLAG
+from tests.conftest import project_settings
 
 
 class Recorder(scrapy.Spider):
@@ -26,17 +26,6 @@ class Recorder(scrapy.Spider):
 
     def parse(self, response):
         self.seen[response.url] = (type(response), response.body, response.flags, response.text)
-
-
-def project_settings(data_dir) -> dict:
-    values = {k: v for k, v in vars(project).items() if k.isupper()}
-    values.update(
-        DATA_DIR=str(data_dir),
-        AUTOTHROTTLE_ENABLED=False,
-        PROGRESS_INTERVAL=0,
-        LOG_LEVEL="WARNING",
-    )
-    return values
 
 
 # Scrapy's own tests wrap coroutines so: they await asyncio futures, which a plain
@@ -76,7 +65,7 @@ class SchedulerWatch(Recorder):
         return spider
 
     def scheduled(self, request, spider):
-        held = len(self.crawler.engine._slot.scheduler)
+        held = len(self.crawler.engine.scheduler)
         self.most_scheduled = max(self.most_scheduled, held)
 
 

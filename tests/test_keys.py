@@ -7,7 +7,7 @@ import random
 
 from w3lib.url import canonicalize_url
 
-from crawler.keys import _simple_canonical, canonical_url, request_key
+from crawler.storage.keys import canonical_url, request_key, simple_canonical
 
 # Pieces that look like the fast path's alphabet, and some that must leave it.
 HOSTS = ["a.com", "www.example.org", "127.0.0.1", "x-y.z9", "A.com", "a.com.", "-a.com", "a..b"]
@@ -35,7 +35,7 @@ def test_the_fast_path_agrees_with_w3lib_on_every_url_it_takes():
     taken = 0
     for _ in range(50_000):
         url = _random_url(rng)
-        fast = _simple_canonical(url)
+        fast = simple_canonical(url)
         if fast is not None:
             taken += 1
             assert fast == canonicalize_url(url, keep_fragments=False), url
@@ -49,8 +49,8 @@ def test_known_canonical_forms():
     assert canonical_url("http://A.com/./a/../b#f") == "http://a.com/b"
     assert canonical_url("http://a.com/p?a==b") == "http://a.com/p?a=%3Db"
     # Ports above 9999 (what a test server gets from the OS) take the fast path too.
-    assert _simple_canonical("http://127.0.0.1:38123/p?v=2&a") == "http://127.0.0.1:38123/p?a=&v=2"
-    assert _simple_canonical("http://a.com:65536/p") is None
+    assert simple_canonical("http://127.0.0.1:38123/p?v=2&a") == "http://127.0.0.1:38123/p?a=&v=2"
+    assert simple_canonical("http://a.com:65536/p") is None
     # The documented rule, pinned: sha256 of the canonical URL for GET.
     expected = hashlib.sha256(b"http://a.com/p?a=1&b=2").hexdigest()
     assert request_key("http://a.com:80/p?b=2&a=1") == expected

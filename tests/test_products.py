@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scrapy.http import HtmlResponse, Request
 
-from crawler.parsers import page_summary
+from crawler.spiderkit.parsers import page_summary
 from demo.site import DemoSite
 from spiders.products import parse_product
 from tests.cmdline import read_jsonl

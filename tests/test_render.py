@@ -16,10 +16,9 @@ import pytest
 from scrapy.exceptions import NotConfigured, UsageError
 from scrapy.settings import Settings
 from scrapy.utils.test import get_crawler
+from warcio.archiveiterator import ArchiveIterator
 
 from addons.render import HANDLER, RenderAddon
-from crawler.archive import iter_members, parse_record, read_any, resolve
-from crawler.catalog import Catalog
 from crawler.render import (
     DEBIAN_CHROMIUM,
     BrowserNotFoundError,
@@ -28,10 +27,16 @@ from crawler.render import (
     Wait,
     find_browser,
 )
-from middlewares.render import RenderMiddleware, browser_proxy, rendered_fetch
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.formats.warc import FORMAT as WARC
+from crawler.storage.formats.warc import WarcWriter
+from middlewares.archive import response_fetch
+from middlewares.render import RenderMiddleware, browser_proxy
 from tests.checks import actions, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import ROOT, crawl_env, kill_group, run_crawl, start_crawl, write_urls
+from tests.factories import rendered_fetch
 from tests.proxy_servers import PROXY_PASSWORD, proxy_pool  # noqa: F401
 from tests.servers import need
 
@@ -152,7 +157,7 @@ def test_rendered_fetch_keeps_the_server_answer_and_the_dom():
         "request_headers": [("user-agent", "x"), ("authorization", "secret")],
     }
     response = HtmlResponse("http://h/js/1", body=b"<html>dom</html>", encoding="utf-8")
-    fetch = rendered_fetch("k", request, response)
+    fetch = response_fetch("k", request, response)
     assert fetch.body == b"<html>raw</html>" and fetch.rendered_body == b"<html>dom</html>"
     assert ("X-Archive-Orig-content-encoding", "gzip") in fetch.response_headers
     assert fetch.request_headers == [("user-agent", "x")]
@@ -235,8 +240,8 @@ def records_by_id(path: Path) -> dict[str, tuple[object, bytes]]:
     """WARC-Record-ID -> (record, content) of every record of one archive file."""
     out = {}
     with open(path, "rb") as f:
-        for _, _, raw in iter_members(f):
-            record, content = parse_record(raw)
+        for record in ArchiveIterator(f):
+            content = record.content_stream().read()
             out[record.rec_headers.get_header("WARC-Record-ID")] = (record, content)
     return out
 
@@ -254,8 +259,8 @@ def assert_rendered_rows_readable(data_dir: Path, site) -> dict:
     the server sent; other rows hold what the server sent."""
     rows = catalog_rows(data_dir)
     for row in rows.values():
-        path = resolve(data_dir, row.archive)
-        stored = read_any(path, row.offset, row.length)
+        path = DataDir(data_dir).resolve(row.archive)
+        stored = DataDir(data_dir).read(row)
         warc = dict(stored.warc_headers)
         assert len(stored.body) == row.bytes and stored.status == row.status, row
         assert warc["WARC-Payload-Digest"] == row.payload_digest
@@ -552,57 +557,38 @@ def test_tree_memory_counts_child_processes():
         child.stdout.close()
 
 
-def _rendered_fetch(key="k" * 64):
-    from crawler.archive import Fetch
-
-    return Fetch(
-        key=key,
-        url="http://h/js/1",
-        final_url="http://h/js/1",
-        method="GET",
-        request_headers=[("User-Agent", "x")],
-        request_body=b"",
-        status=200,
-        response_headers=[("Content-Type", "text/html"), ("ETag", '"e1"')],
-        body=b"<html><div id='content'></div></html>",
-        rendered_body=b"<html><div id='content'><h1>Rendered 1</h1></div></html>",
-    )
-
-
 def test_archive_writes_conversion_record_and_indexes_it(tmp_path):
     """Row from the writer == row from indexing the file; the row points at the DOM."""
-    from crawler.archive import ArchiveWriter, index_file, repair_open_file
-
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path)
-    row = writer.write_fetch(_rendered_fetch())
-    open_path = writer.path.with_name(writer.name + ".open")
+    writer = WarcWriter(tmp_path / "archive", tmp_path)
+    row = writer.write_fetch(rendered_fetch())
+    open_path = writer.open_path
     writer.flush()
     assert row.rendered == 1 and row.etag == '"e1"'
-    stored = read_any(open_path, row.offset, row.length)
-    assert stored.body == _rendered_fetch().rendered_body and stored.status == 200
+    stored = WARC.read(open_path, row.offset, row.length)
+    assert stored.body == rendered_fetch().rendered_body and stored.status == 200
     assert dict(stored.warc_headers)["WARC-Type"] == "conversion"
     closed = writer.close()
-    assert index_file(closed, tmp_path).rows == [row]
+    assert WARC.index(closed, tmp_path).rows == [row]
 
     # Killed after the response record but before its conversion record: no row (the
     # page is rendered again), not a row pointing at the unrendered HTML.
-    writer = ArchiveWriter(tmp_path / "archive2", tmp_path)
-    second = writer.write_fetch(_rendered_fetch())
+    writer = WarcWriter(tmp_path / "archive2", tmp_path)
+    second = writer.write_fetch(rendered_fetch())
     writer.flush()
-    data = writer.path.with_name(writer.name + ".open").read_bytes()
+    data = writer.open_path.read_bytes()
     writer.close()
     path = tmp_path / "archive2" / "killed.warc.gz.open"
     path.write_bytes(data[: second.offset])
     with open(path, "rb") as f:
-        kinds = [parse_record(raw)[0].rec_type for _, _, raw in iter_members(f)]
+        kinds = [record.rec_type for record in ArchiveIterator(f)]
     assert kinds == ["warcinfo", "response", "request"]
-    assert repair_open_file(path, tmp_path).indexed.rows == []
+    assert WARC.repair(path, tmp_path).indexed.rows == []
 
 
 def test_catalog_migrates_version_1_to_the_current_one(tmp_path):
     import sqlite3
 
-    from crawler.catalog import MIGRATIONS, SCHEMA_VERSION
+    from crawler.storage.catalog import MIGRATIONS, SCHEMA_VERSION
 
     db = tmp_path / "metadata.db"
     conn = sqlite3.connect(db)

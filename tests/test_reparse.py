@@ -10,8 +10,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from crawler.catalog import Catalog
-from crawler.reparse import Progress, Reparse, ReparseConfig, plan, select_rows
+from crawler.reparse.plan import ReparseConfig, plan, select_rows
+from crawler.reparse.runner import Progress, Reparse
+from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import run_crawl, write_urls

@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
+import sqlite3
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
 from scrapy.exceptions import UsageError
 
-from crawler.archive import Fetch, read_any
-from crawler.catalog import Catalog
-from crawler.keys import request_key
-from crawler.seen import CatalogWithSeen, SeenCatalogs
-from crawler.ship import ShipError, Shipper, merge_shipped
-from crawler.store import Store, StoreConfig
-from spiders.site import in_shard, parse_shard
+from crawler.spiderkit.urls import in_shard, parse_shard
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.keys import request_key
+from crawler.storage.seen import CatalogWithSeen, SeenCatalogs
+from crawler.storage.store import Store, StoreConfig
+from slurm.ship import ShipError, Shipper, merge_shipped
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import run_crawl, write_urls
-
-
-def fetch(n: int) -> Fetch:
-    url = f"http://example.org/page/{n}"
-    return Fetch(
-        key=request_key(url),
-        url=url,
-        final_url=url,
-        method="GET",
-        request_headers=[("Host", "example.org")],
-        request_body=b"",
-        status=200,
-        response_headers=[("Content-Type", "text/html")],
-        body=f"<html>page {n}</html>".encode(),
-    )
+from tests.factories import listed_body
+from tests.factories import listed_fetch as fetch
 
 
 def shipped_catalog(shipper: Shipper) -> dict[str, object]:
@@ -41,11 +30,11 @@ def shipped_catalog(shipper: Shipper) -> dict[str, object]:
 
 def assert_readable(data: Path, rows: dict) -> None:
     for row in rows.values():
-        assert read_any(data / row.archive, row.offset, row.length).body == row_body(row)
+        assert DataDir(data).read(row).body == row_body(row)
 
 
 def row_body(row) -> bytes:
-    return f"<html>page {row.url.rsplit('/', 1)[1]}</html>".encode()
+    return listed_body(int(row.url.rsplit("/", 1)[1]))
 
 
 def test_shipper_ships_closed_archives_then_only_their_rows(tmp_path):
@@ -74,6 +63,31 @@ def test_shipper_ships_closed_archives_then_only_their_rows(tmp_path):
     assert_readable(shared, rows)
     leftovers = [p.name for p in shared.rglob(".*")] + [p.name for p in local.glob(".ship-*")]
     assert leftovers == []
+
+
+def test_a_zip_tasks_archives_ship_with_their_rows(tmp_path):
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    store = Store(StoreConfig(data_dir=local, format="zip", rollover_bytes=1))  # a file each
+    for n in range(3):
+        store.put(fetch(n))
+    store.archive.rollover_bytes = 1 << 30
+    store.put(fetch(3))
+    store.batch.flush()  # row 3 committed, its zip still open: held back
+    shipper = Shipper(local, shared, "job_2_0_p0")
+    done = shipper.ship()
+    assert (len(done.archives), done.rows, done.held_back) == (3, 3, 1)
+    store.close()
+    assert shipper.ship().held_back == 0
+    # Read as any sqlite3 and zipfile user would: every row's body is in its zip.
+    db = sqlite3.connect(f"file:{shared / 'catalogs' / 'job_2_0_p0.db'}?mode=ro", uri=True)
+    rows = db.execute("SELECT key, url, archive, bytes FROM artifacts ORDER BY url").fetchall()
+    db.close()
+    assert [url for _, url, _, _ in rows] == [f"http://example.org/page/{n}" for n in range(4)]
+    for n, (key, _, archive, size) in enumerate(rows):
+        with zipfile.ZipFile(shared / archive) as zf:
+            assert zf.testzip() is None
+            body = zf.read(f"{key[:2]}/{key}.html")
+        assert body == listed_body(n) and len(body) == size
 
 
 def test_merge_folds_shipped_catalogs_into_the_shared_one(tmp_path):
@@ -122,11 +136,11 @@ def test_seen_catalogs_skip_what_exists_and_ignore_missing_archives(tmp_path):
         assert seen.absent_rows == 1
         row = catalog.get(keys[1])
         assert Path(row.archive).is_absolute()  # readable from any data directory
-        assert read_any(Path(row.archive), row.offset, row.length).body == row_body(row)
+        assert DataDir(tmp_path / "own").read(row).body == row_body(row)
         assert catalog.get(keys[3]) is None and catalog.get(keys[5]) is None
     finally:
         catalog.close()
-    assert not Path(seen._path).exists()
+    assert not seen.path.exists()
 
 
 def test_shards_partition_the_list():

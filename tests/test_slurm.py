@@ -10,16 +10,20 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from crawler.archive import read_any
-from crawler.catalog import Catalog
+from crawler.storage.catalog import Catalog
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import ROOT, write_urls
-from tests.slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
+from tests.slurm_cluster import (  # noqa: F401 - slurm_cluster: the session fixture
+    fetched,
+    logs,
+    shipped_rows,
+    slow_urls,
+    slurm_cluster,
+    wait_for,
+)
 
 SCRAPY_ARGS = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"]
 
@@ -34,39 +38,6 @@ def submit(cluster, urls: Path, data: Path, tasks: int, tmp_path: Path, procs: i
     assert done.returncode == 0, done.stderr
     array, merge = re.search(r"crawl array (\d+) .* merge job (\d+)", done.stdout).groups()
     return array, merge
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
-
-
-def slow_urls(site, first: int, n: int, ms: int) -> list[str]:
-    return [f"{site.base_url}/slow/{k}?ms={ms}" for k in range(first, first + n)]
-
-
-def fetched(site, urls: list[str]) -> dict[str, int]:
-    return {urlsplit(u).path: site.counts[urlsplit(u).path] for u in urls}
-
-
-def shipped_rows(data: Path) -> dict[str, object]:
-    """URL -> row of every shipped catalog; each row must read back from DATA."""
-    out = {}
-    for db in sorted((data / "catalogs").glob("*.db")):
-        with Catalog(db, readonly=True) as catalog:
-            for row in catalog.rows():
-                stored = read_any(data / row.archive, row.offset, row.length)
-                assert len(stored.body) == row.bytes, (db, row)
-                out[row.url] = row
-    return out
-
-
-def logs(data: Path) -> str:
-    return "\n".join(p.read_text(errors="replace") for p in sorted((data / "logs").glob("*")))
 
 
 def assert_merged(cluster, merge: str, data: Path, site, urls: list[str]) -> None:

@@ -21,8 +21,14 @@ from crawler.hub import Hub, WorkQueue
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import ROOT, write_urls
 from tests.hubs import pg_schema_url
-from tests.slurm_cluster import slurm_cluster  # noqa: F401 - the session fixture
-from tests.test_slurm import fetched, logs, shipped_rows, slow_urls, wait_for
+from tests.slurm_cluster import (  # noqa: F401 - slurm_cluster: the session fixture
+    fetched,
+    logs,
+    shipped_rows,
+    slow_urls,
+    slurm_cluster,
+    wait_for,
+)
 
 FAST = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"]
 SLOW = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "DOWNLOAD_DELAY=1"]

@@ -12,11 +12,13 @@ import time
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
-from crawler.archive import payload_digest, read_record, resolve
-from crawler.catalog import Catalog
-from crawler.store import StoreConfig, WriterProcess
-from crawler.wire import BodyRing, FrameReader, send_frame
-from tests.test_archive import fetch
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.records import payload_digest
+from crawler.storage.store import StoreConfig
+from crawler.storage.writer.client import WriterProcess
+from crawler.storage.writer.wire import BodyRing, FrameReader, send_frame
+from tests.factories import fetch
 
 
 def test_bodies_larger_than_the_pipe_are_stored_whole_with_their_log_lines(tmp_path):
@@ -29,20 +31,21 @@ def test_bodies_larger_than_the_pipe_are_stored_whole_with_their_log_lines(tmp_p
     assert summary["stored"] == 3 and summary["rows_committed"] == 3
     assert summary["cpu_seconds"] > 0
 
-    with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+    datadir = DataDir(tmp_path)
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
         for key, body in bodies.items():
             row = catalog.get(key)
-            stored = read_record(resolve(tmp_path, row.archive), row.offset, row.length)
+            stored = datadir.read(row)
             assert stored.body == body
             assert row.payload_digest == payload_digest(body)
-    lines = [json.loads(line) for line in (tmp_path / "fetch_log.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in datadir.action_log_path.read_text().splitlines()]
     assert [(x["key"], x["outcome"], x["bytes"]) for x in lines] == [
         (key, "ok", len(body)) for key, body in bodies.items()
     ]
     assert {x["ts"] for x in lines} == {"1970-01-01T00:00:01.500Z"}  # the attempt's time
 
     # Both digests of every record hold (warcio recomputes them while reading).
-    (archive,) = (tmp_path / "archive").glob("*.warc.gz")
+    (archive,) = datadir.archives()
     with open(archive, "rb") as f:
         records = ArchiveIterator(f, check_digests=True)
         checked = []
@@ -84,14 +87,14 @@ def test_bodies_cross_the_shared_ring_wrapping_around_it_and_overflow_into_the_p
     writer = WriterProcess(StoreConfig(data_dir=tmp_path), queue_bytes=65_536)
     for key, body in bodies.items():
         writer.put(fetch(key, body))
-    ring_bytes = writer._ring.head
     summary = writer.close()
+    ring_bytes = writer.ring_bytes
     assert ring_bytes > 20 * 65_536  # the ring was used and went round many times
     assert summary["stored"] == len(bodies)
-    with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+    datadir = DataDir(tmp_path)
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
         for key, body in bodies.items():
-            row = catalog.get(key)
-            assert read_record(resolve(tmp_path, row.archive), row.offset, row.length).body == body
+            assert datadir.read(catalog.get(key)).body == body
 
 
 def test_the_ring_never_hands_out_space_the_writer_has_not_given_back():
@@ -124,7 +127,21 @@ def test_an_idle_writer_commits_a_short_batch_once_its_time_is_up(tmp_path):
     row = None
     while row is None and time.monotonic() < deadline:
         time.sleep(0.05)
-        with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+        with Catalog(DataDir(tmp_path).catalog_path, readonly=True) as catalog:
             row = catalog.get("slow")
     assert row is not None  # committed with the writer still open, far short of a batch
     writer.close()
+
+
+def test_a_writer_whose_crawl_died_commits_what_reached_it(tmp_path):
+    config = StoreConfig(data_dir=tmp_path, batch_size=1000, flush_seconds=3600)
+    writer = WriterProcess(config)
+    bodies = {f"k{n}": os.urandom(5000) for n in range(5)}
+    for key, body in bodies.items():
+        writer.put(fetch(key, body))
+    writer.abandon()  # the crawl's end of the pipes closes, unannounced
+    assert not writer.alive
+    datadir = DataDir(tmp_path)
+    assert datadir.archives() and not datadir.open_archives()  # closed by the writer
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
+        assert {key: datadir.read(catalog.get(key)).body for key in bodies} == bodies

@@ -11,59 +11,41 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from crawler.archive import Fetch, read_any, resolve
-from crawler.catalog import Catalog
-from crawler.catalog_tools import Rebuild, Verify
-from crawler.store import Store, StoreConfig, recover
-from crawler.ziparchive import ZipArchiveWriter, extension, repair_open_zip
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.formats.zip import FORMAT as ZIP
+from crawler.storage.formats.zip import ZipWriter, extension
+from crawler.storage.store import Store, StoreConfig, recover
+from crawler.tools.rebuild import Rebuild
+from crawler.tools.verify import Verify
 from tests.checks import catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import ROOT, kill_group, run_crawl, start_crawl, write_urls
+from tests.factories import page_fetch as fetch
 
 SAMPLES = ROOT / "tests" / "data" / "broken"
 
 
-def fetch(n: int, body: bytes | None = None, ts: float = 1_700_000_000.0) -> Fetch:
-    body = body if body is not None else f"<html><body>page {n}</body></html>".encode() * 20
-    return Fetch(
-        key=f"{n:064x}",
-        url=f"http://example.org/page/{n}",
-        final_url=f"http://example.org/page/{n}.html",
-        method="GET",
-        request_headers=[("Accept", "*/*")],
-        request_body=b"",
-        status=200,
-        response_headers=[("Content-Type", "text/html; charset=utf-8"), ("ETag", f'"e{n}"')],
-        body=body,
-        fetched_at=ts + n,
-    )
-
-
-def abandon(writer: ZipArchiveWriter) -> None:
-    """What a kill leaves: the bytes written so far, no central directory."""
-    writer.flush()
-    writer._file.close()
-
-
 def assert_zip_rows_readable(data_dir: Path, site=None) -> dict:
     rows = catalog_rows(data_dir)
+    datadir = DataDir(data_dir)
     for row in rows.values():
         assert row.archive.endswith(".zip"), row
-        stored = read_any(resolve(data_dir, row.archive), row.offset, row.length)
+        stored = datadir.read(row)
         assert len(stored.body) == row.bytes
         assert dict(stored.warc_headers)["WARC-Payload-Digest"] == row.payload_digest
         if site is not None:
             parts = urlsplit(row.final_url)
             path = parts.path + (f"?{parts.query}" if parts.query else "")
             assert stored.body == site.payload(path), row.url
-    for path in (data_dir / "archive").glob("*.zip"):
+    for path in datadir.archives(ZIP):
         with zipfile.ZipFile(path) as zf:
             assert zf.testzip() is None
     return rows
 
 
 def test_writer_round_trip_and_zipfile_access(tmp_path):
-    writer = ZipArchiveWriter(tmp_path / "archive", tmp_path)
+    writer = ZipWriter(tmp_path / "archive", tmp_path)
     rows = [writer.write_fetch(fetch(n)) for n in range(5)]
     writer.write_revisit(fetch(2, body=b""), refers_to_date=rows[2].fetched_at)
     closed = writer.close()
@@ -73,7 +55,7 @@ def test_writer_round_trip_and_zipfile_access(tmp_path):
         assert names[0] == f"{rows[0].key[:2]}/{rows[0].key}.html"
         assert zf.read(names[1]) == fetch(1).body
     for n, row in enumerate(rows):
-        stored = read_any(closed, row.offset, row.length)
+        stored = ZIP.read(closed, row.offset, row.length)
         assert stored.body == fetch(n).body
         assert stored.status == 200 and stored.url == fetch(n).final_url
         assert ("ETag", f'"e{n}"') in stored.headers
@@ -88,23 +70,23 @@ def test_extension_follows_the_content_type():
 
 @pytest.mark.parametrize("damage", ["partial_entry", "partial_directory", "garbage"])
 def test_repair_rewrites_the_central_directory(tmp_path, damage):
-    writer = ZipArchiveWriter(tmp_path / "archive", tmp_path)
+    writer = ZipWriter(tmp_path / "archive", tmp_path)
     rows = [writer.write_fetch(fetch(n)) for n in range(4)]
-    abandon(writer)
-    open_path = writer.path.with_name(writer.name + ".open")
+    writer.abandon()
+    open_path = writer.open_path
     good = open_path.stat().st_size
     with open(open_path, "ab") as f:
         if damage == "partial_entry":
             # A fifth entry cut short, as a kill mid-write leaves it.
-            other = ZipArchiveWriter(tmp_path / "other", tmp_path)
+            other = ZipWriter(tmp_path / "other", tmp_path)
             other.write_fetch(fetch(9))
-            abandon(other)
-            f.write(other.path.with_name(other.name + ".open").read_bytes()[:100])
+            other.abandon()
+            f.write(other.open_path.read_bytes()[:100])
         elif damage == "partial_directory":
             f.write(b"PK\x01\x02" + b"\0" * 20)
         else:
             f.write(b"\x00garbage")
-    repair = repair_open_zip(open_path, tmp_path)
+    repair = ZIP.repair(open_path, tmp_path)
     assert repair.path.exists() and not open_path.exists()
     assert repair.records == 4
     assert [r.key for r in repair.indexed.rows] == [r.key for r in rows]
@@ -113,7 +95,7 @@ def test_repair_rewrites_the_central_directory(tmp_path, damage):
         assert len(zf.namelist()) == 4
     assert (repair.cut_file is not None) == (damage != "partial_directory")
     for n, row in enumerate(rows):
-        assert read_any(repair.path, row.offset, row.length).body == fetch(n).body
+        assert ZIP.read(repair.path, row.offset, row.length).body == fetch(n).body
     assert repair.path.stat().st_size > good  # the new central directory
 
 
@@ -124,24 +106,24 @@ def test_recover_indexes_committed_and_uncommitted_entries(tmp_path):
         store.put(fetch(n))
     store.batch.flush()
     store.put(fetch(6))  # written, never committed: the kill comes first
-    abandon(store.archive)
-    store.catalog.close()
-    assert list(config.archive_dir.glob("*.zip.open"))
-    result = recover(config)
+    store.abandon()
+    datadir = config.datadir
+    assert datadir.open_archives()
+    result = recover(datadir)
     assert len(result.repairs) == 1 and result.indexed_rows == 1
-    with Catalog(config.catalog_path, readonly=True) as catalog:
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
         assert catalog.count() == 7
     assert_zip_rows_readable(tmp_path)
 
 
 def test_killed_sample_is_repaired(tmp_path):
-    config = StoreConfig(data_dir=tmp_path, format="zip")
-    config.archive_dir.mkdir(parents=True)
-    shutil.copy(SAMPLES / "killed.zip.open", config.archive_dir / "sample.zip.open")
-    result = recover(config)
+    datadir = DataDir(tmp_path)
+    datadir.archive_dir.mkdir(parents=True)
+    shutil.copy(SAMPLES / "killed.zip.open", datadir.archive_dir / "sample.zip.open")
+    result = recover(datadir)
     assert result.indexed_rows == 2
     (repair,) = result.repairs
-    assert repair.path == config.archive_dir / "sample.zip" and repair.cut_file is not None
+    assert repair.path == datadir.archive_dir / "sample.zip" and repair.cut_file is not None
     with zipfile.ZipFile(repair.path) as zf:
         assert zf.testzip() is None and len(zf.namelist()) == 2
     assert_zip_rows_readable(tmp_path)
@@ -160,7 +142,7 @@ def test_crawl_stores_zip_bodies(site, tmp_path, data_dir):
     assert result.returncode == 0, result.stderr
     rows = assert_zip_rows_readable(data_dir, site)
     assert set(rows_by_url(data_dir)) == set(urls)
-    (archive,) = (data_dir / "archive").glob("*.zip")
+    (archive,) = DataDir(data_dir).archives(ZIP)
     with zipfile.ZipFile(archive) as zf:
         names = set(zf.namelist())
     for row in rows.values():

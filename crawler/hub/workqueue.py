@@ -28,7 +28,7 @@ from typing import Any
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
-from crawler.keys import request_key
+from crawler.storage.keys import request_key
 
 WORK_SCHEMA_VERSION = 1
 LOAD_CHUNK = 5000

@@ -1,10 +1,11 @@
-"""Regenerate the broken samples here: python tests/data/broken/make.py (from the project root)."""
+"""Regenerate the broken samples here: python -m tests.data.broken.make (from the project root)."""
 
 import shutil
 from pathlib import Path
 
-from crawler.archive import ArchiveWriter, Fetch
-from crawler.ziparchive import ZipArchiveWriter
+from crawler.storage.formats.warc import WarcWriter
+from crawler.storage.formats.zip import ZipWriter
+from tests.factories import fetch as make_fetch
 
 out = Path(__file__).parent
 tmp = Path("/tmp/samples")
@@ -18,21 +19,18 @@ def fetch(n):
         + "</body></html>"
     ).encode()
     url = f"http://sample.test/page/{n}.html"
-    return Fetch(
-        key=f"{n:064x}",
+    return make_fetch(
+        f"{n:064x}",
+        body,
+        ts=1_700_000_000 + n,
         url=url,
         final_url=url,
-        method="GET",
         request_headers=[],
-        request_body=b"",
-        status=200,
         response_headers=[("Content-Type", "text/html; charset=utf-8")],
-        body=body,
-        fetched_at=1_700_000_000 + n,
     )
 
 
-w = ArchiveWriter(tmp / "a", tmp, prefix="sample", gzip_level=1)
+w = WarcWriter(tmp / "a", tmp, prefix="sample", gzip_level=1)
 rows = [w.write_fetch(fetch(n)) for n in range(3)]
 p = w.close()
 data = p.read_bytes()
@@ -41,11 +39,10 @@ bad = bytearray(data)
 mid = rows[1].offset + rows[1].length // 2
 bad[mid : mid + 16] = b"\xff" * 16
 (out / "corrupt.warc.gz").write_bytes(bytes(bad))
-z = ZipArchiveWriter(tmp / "z", tmp, prefix="sample")
+z = ZipWriter(tmp / "z", tmp, prefix="sample")
 zrows = [z.write_fetch(fetch(n)) for n in range(3)]
-z.flush()
-z._file.close()
-zp = z.path.with_name(z.name + ".open")
+z.abandon()
+zp = z.open_path
 zdata = zp.read_bytes()
 (out / "killed.zip.open").write_bytes(zdata[: zrows[2].offset + zrows[2].length - 10])
 print([(r.offset, r.length) for r in rows], mid, [(r.offset, r.length) for r in zrows])

@@ -1,10 +1,14 @@
-"""The archive writer process: ``python -m crawler.writer DATA_FD REPLY_FD [RING_FD SIZE]``.
+"""The archive writer process:
+``python -m crawler.storage.writer.server DATA_FD REPLY_FD [RING_FD SIZE]``.
 
-Started by :class:`crawler.store.WriterProcess`. It reads messages from ``DATA_FD``
-(crawler/wire.py; the first one says which store to open), their bodies from the
-shared ring ``RING_FD`` when one is given, runs them through a
-:class:`~crawler.store.Store`, and answers on ``REPLY_FD``: ``ready`` once the store
-is open, ``closed`` with a summary at the end, or ``error``.
+Started by :class:`crawler.storage.writer.client.WriterProcess` as a plain interpreter
+as soon as the crawl starts up, so that it has loaded its modules by the time the
+store opens. It reads messages from ``DATA_FD`` (:mod:`crawler.storage.writer.wire`;
+the first one says which store to open), their bodies from the shared ring
+``RING_FD`` when one is given, runs them through a
+:class:`~crawler.storage.store.Store`, and answers on ``REPLY_FD``: ``ready`` once the
+store is open, ``closed`` with a summary at the end, or ``error``. The packages above
+this module import nothing, so signals are ignored before anything is loaded.
 """
 
 import signal
@@ -22,8 +26,8 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-from crawler.store import Store, StoreConfig  # noqa: E402
-from crawler.wire import BodyRing, FrameReader, readable, send_frame  # noqa: E402
+from crawler.storage.store import Store, StoreConfig  # noqa: E402
+from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame  # noqa: E402
 
 # Sleep between polls of an empty pipe: doubling from the first to the second figure
 # while it stays empty. The pipe and the ring hold much more than the crawl sends in
@@ -69,7 +73,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         while True:
             # Polled, never waited on: a process asleep on the pipe is woken by every
             # write of the crawl, and on a virtual machine that wake-up cost the
-            # crawl's thread ~25 us a message, more than the rest of sending it.
+            # crawl's thread more than the rest of sending a message (README).
             if not readable(data_fd):
                 if ring is not None:
                     ring.publish()  # the poll was a system call

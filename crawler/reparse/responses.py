@@ -5,7 +5,7 @@ from __future__ import annotations
 from scrapy.http import Headers, Request, Response
 from scrapy.responsetypes import responsetypes
 
-from crawler.archive import StoredRecord
+from crawler.storage.records import StoredRecord
 
 
 def build_response(

@@ -19,15 +19,16 @@ _DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 
 # URLs that w3lib would return unchanged but for the order of their query arguments:
 # lowercase ASCII host, no escapes, no dot segments, no fragment. Most URLs of a crawl
-# look like this, and w3lib takes ~10 us on each (a quarter of what skipping a stored
-# URL costs); tests/test_keys.py checks this path against w3lib.
+# look like this, and w3lib takes a quarter of what skipping a stored URL costs on
+# each (README: Benchmarks); tests/test_keys.py checks this path against w3lib.
 _SIMPLE_URL = re.compile(
     r"(https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::([1-9][0-9]{0,4}))?)"
     r"(/[A-Za-z0-9._~/-]*)?(?:\?([A-Za-z0-9._~=&-]*))?\Z"
 )
 
 
-def _simple_canonical(url: str) -> str | None:
+def simple_canonical(url: str) -> str | None:
+    """The canonical URL of a plain URL (see ``_SIMPLE_URL``), or None for any other."""
     match = _SIMPLE_URL.match(url)
     if match is None:
         return None
@@ -55,7 +56,7 @@ def _simple_canonical(url: str) -> str | None:
 
 
 def canonical_url(url: str) -> str:
-    canon = _simple_canonical(url) or canonicalize_url(url, keep_fragments=False)
+    canon = simple_canonical(url) or canonicalize_url(url, keep_fragments=False)
     scheme, sep, rest = canon.partition("://")
     port = _DEFAULT_PORTS.get(scheme)
     if port:

@@ -5,10 +5,12 @@ HTTP headers, fetch time, key) travels as JSON in the entry's local extra field
 (id ``0x7863``), so the local headers alone can rebuild the catalog and the central
 directory. A 304 revalidation becomes an empty ``<key[:2]>/<key>.revisit`` entry.
 
-:class:`ZipArchiveWriter` has the interface of :class:`crawler.archive.ArchiveWriter`.
 A file being written ends in ``.zip.open``; ``zipfile`` cannot open it until
-:func:`repair_open_zip` (run on start by :func:`crawler.store.recover`) has cut a
-partial entry and written the central directory.
+:meth:`ZipFormat.repair` (run on start by :func:`crawler.storage.store.recover`) has
+cut a partial entry and written the central directory.
+
+Longer than the project's other modules on purpose: a format is one module (writer,
+reader, indexer, repair), so that adding one touches the registry and one new file.
 """
 
 from __future__ import annotations
@@ -16,34 +18,37 @@ from __future__ import annotations
 import json
 import mimetypes
 import os
-import shutil
 import struct
 import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from crawler.archive import (
+from crawler.storage.errors import ArchiveError, TruncatedRecordError
+from crawler.storage.formats.base import (
+    ArchiveFormat,
+    ArchiveWriter,
+    Repair,
+    Scan,
+    closed_name,
+    finish_repair,
+    save_tail,
+)
+from crawler.storage.records import (
     KEY_HEADER,
     METHOD_HEADER,
-    OPEN_SUFFIX,
     REQUESTED_URI_HEADER,
-    ArchiveError,
     Fetch,
     Indexed,
-    Repair,
-    RollingFile,
+    Row,
     StoredRecord,
-    TruncatedRecordError,
-    fsync_dir,
+    fetch_row,
     header,
     payload_digest,
     payload_headers,
     warc_date,
 )
-from crawler.catalog import Row
 
-ZIP_GLOB = "*.zip"
 META_EXTRA_ID = 0x7863
 # Without ZIP64 a zip holds at most 65,535 entries and 4 GiB: roll over before either.
 MAX_ENTRIES = 65_000
@@ -165,7 +170,7 @@ def central_directory(entries: list[Entry], start: int) -> bytes:
     return cd + _EOCD.pack(_EOCD_SIG, 0, 0, n, n, len(cd), start, 0)
 
 
-class ZipArchiveWriter(RollingFile):
+class ZipWriter(ArchiveWriter):
     """Appends bodies to rolling ``.zip`` files; the central directory is written on close."""
 
     suffix = ".zip"
@@ -208,9 +213,7 @@ class ZipArchiveWriter(RollingFile):
             dostime=dostime,
             dosdate=dosdate,
         )
-        record = _local_header(entry) + data
-        self._file.write(record)
-        self.size += len(record)
+        self._write(_local_header(entry) + data)
         self._entries.append(entry)
         return entry
 
@@ -232,22 +235,7 @@ class ZipArchiveWriter(RollingFile):
         name = f"{fetch.key[:2]}/{fetch.key}{extension(content_type)}"
         entry = self._append(name, fetch.body, meta, fetch.fetched_at)
         self.records_written += 1
-        return Row(
-            key=fetch.key,
-            url=fetch.url,
-            final_url=fetch.final_url,
-            status=fetch.status,
-            content_type=content_type,
-            bytes=len(fetch.body),
-            etag=header(fetch.response_headers, "ETag"),
-            last_modified=header(fetch.response_headers, "Last-Modified"),
-            fetched_at=date,
-            archive=self.relpath,
-            offset=entry.offset,
-            length=entry.end - entry.offset,
-            payload_digest=digest,
-            method=fetch.method,
-        )
+        return fetch_row(fetch, self.relpath, entry.offset, entry.end - entry.offset, digest)
 
     def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         meta = {
@@ -347,16 +335,6 @@ def _stored(meta: dict, body: bytes) -> StoredRecord:
     )
 
 
-def read_zip_record(path: str | os.PathLike, offset: int, length: int) -> StoredRecord:
-    """Read the body entry at ``offset`` of a zip archive."""
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read(length)
-    if len(data) < length:
-        raise TruncatedRecordError(f"{path}: offset {offset}: file ends inside the entry")
-    return decode_entry(data, path, offset)
-
-
 def iter_entries(path: Path):
     """Yield ``(entry, meta, body)`` for each complete entry from the start of the file.
 
@@ -389,6 +367,7 @@ def iter_entries(path: Path):
 
 
 def index_meta(meta: dict | None, body: bytes, entry: Entry, relpath: str, out: Indexed) -> None:
+    """Add what one entry says about the catalog to ``out``."""
     if not meta:
         return
     headers = meta["headers"]
@@ -422,49 +401,63 @@ def index_meta(meta: dict | None, body: bytes, entry: Entry, relpath: str, out: 
         )
 
 
-def index_zip_file(path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
-    """Index every entry of one zip archive from its local headers."""
-    relpath = relpath or os.path.relpath(path, data_dir)
-    out = Indexed()
-    for entry, meta, body in iter_entries(path):
-        index_meta(meta, body, entry, relpath, out)
-    return out
+class ZipFormat(ArchiveFormat):
+    name = "zip"
+    suffix = ZipWriter.suffix
+    what = "entry"
 
+    def writer(self, directory, data_dir, *, gzip_level: int, compressor: str, **options):
+        # ARCHIVE_GZIP_LEVEL and ARCHIVE_COMPRESSOR are the WARC writer's: entries are
+        # deflated by zlib at its default level, as zip readers expect.
+        return ZipWriter(directory, data_dir, **options)
 
-def repair_open_zip(open_path: Path, data_dir: Path) -> Repair:
-    """Close a zip left open by a killed run: cut a partial entry, write the directory.
+    def decode(self, data: bytes, path, offset: int) -> StoredRecord:
+        return decode_entry(data, path, offset)
 
-    The cut bytes are kept beside the file as ``<name>.cut-<time>``; the complete
-    entries are returned as catalog rows to index.
-    """
-    closed = open_path.with_name(open_path.name[: -len(OPEN_SUFFIX)])
-    relpath = os.path.relpath(closed, data_dir)
-    out = Indexed()
-    entries: list[Entry] = []
-    good_end = 0
-    try:
-        for entry, meta, body in iter_entries(open_path):
+    def index(self, path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
+        relpath = relpath or os.path.relpath(path, data_dir)
+        out = Indexed()
+        for entry, meta, body in iter_entries(path):
             index_meta(meta, body, entry, relpath, out)
-            entries.append(entry)
-            good_end = entry.end
-    except ArchiveError:
-        pass
-    size = open_path.stat().st_size
-    cut_file = None
-    with open(open_path, "r+b") as f:
-        f.seek(good_end)
-        if size > good_end and f.read(4) != _CENTRAL_SIG:
-            cut_file = closed.with_name(f"{closed.name}.cut-{time.strftime('%Y%m%d%H%M%S')}")
+        return out
+
+    def scan(self, path: Path, relpath: str, scan: Scan) -> None:
+        try:
+            for entry, meta, body in iter_entries(path):
+                index_meta(meta, body, entry, relpath, scan.indexed)
+                scan.records += 1
+        except ArchiveError as exc:
+            scan.problems.append(f"{exc}; the entries after it are not indexed")
+
+    def repair(self, open_path: Path, data_dir: Path) -> Repair:
+        """A partial entry is cut off (kept beside the file as ``<name>.cut-<time>``)
+        and the central directory written; the complete entries are returned as rows."""
+        closed = closed_name(open_path)
+        relpath = os.path.relpath(closed, data_dir)
+        out = Indexed()
+        entries: list[Entry] = []
+        good_end = 0
+        try:
+            for entry, meta, body in iter_entries(open_path):
+                index_meta(meta, body, entry, relpath, out)
+                entries.append(entry)
+                good_end = entry.end
+        except ArchiveError:
+            pass
+        cut_file = None
+        with open(open_path, "r+b") as f:
+            size = f.seek(0, os.SEEK_END)
             f.seek(good_end)
-            with open(cut_file, "wb") as dst:
-                shutil.copyfileobj(f, dst, 1 << 20)
-                dst.flush()
-                os.fsync(dst.fileno())
-        f.truncate(good_end)
-        f.seek(good_end)
-        f.write(central_directory(entries, good_end))
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(open_path, closed)
-    fsync_dir(closed.parent)
-    return Repair(closed, len(entries), size - good_end if cut_file else 0, cut_file, out)
+            # A central directory cut short is rewritten, not kept.
+            if size > good_end and f.read(4) != _CENTRAL_SIG:
+                cut_file = save_tail(f, good_end, closed)
+            f.truncate(good_end)
+            f.seek(good_end)
+            f.write(central_directory(entries, good_end))
+            f.flush()
+            os.fsync(f.fileno())
+        finish_repair(open_path, closed)
+        return Repair(closed, len(entries), size - good_end if cut_file else 0, cut_file, out)
+
+
+FORMAT = ZipFormat()

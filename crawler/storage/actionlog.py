@@ -28,8 +28,8 @@ class ActionLog:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        # The time of day is formatted once a second; a resumed crawl logs ~30,000
-        # cache hits a second.
+        # The time of day is formatted once a second: a resumed crawl logs tens of
+        # thousands of cache hits a second.
         self._second = -1
         self._stamp = ""
 

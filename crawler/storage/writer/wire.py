@@ -3,8 +3,8 @@
 A message is a header (length of the pickled message, length of the body, where the
 body is), the message pickled with the fetch's body left out, and the body. Bodies
 go through :class:`BodyRing`, memory shared with the writer: one copy costs the crawl
-a third of what writing 50 KB into a pipe does (page allocation and accounting in the
-kernel). A body that does not fit in the ring's free space follows its message in the
+much less than writing the body into a pipe does (page allocation and accounting in
+the kernel; README: Benchmarks). A body that does not fit in the ring's free space follows its message in the
 pipe instead, so a slow writer fills the pipe and the crawl waits: the backpressure
 that keeps memory bounded.
 
@@ -25,7 +25,7 @@ import pickle
 import select
 import struct
 
-from crawler.archive import Fetch
+from crawler.storage.records import Fetch
 
 # Header of a message: pickled message length, body length, body offset in the ring
 # (a running total of the bytes placed in it; -1: the body follows in the pipe).

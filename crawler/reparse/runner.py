@@ -1,26 +1,20 @@
 """Re-parse: run a spider's callback over stored responses, on every core.
 
-The catalog selects the rows (``--where``, ``--limit``, ``--archive``); rows are
-grouped by archive file and cut into byte ranges (:func:`plan`); a pool of worker
-processes reads each range with one read, rebuilds each response and runs the
-callback; the parent writes all items through one :class:`~crawler.feeds.ItemFileWriter`.
-Nothing is fetched: requests the callback yields are counted and dropped.
+A pool of worker processes reads each byte range of :func:`crawler.reparse.plan.plan`
+with one read, rebuilds each response and runs the callback; the parent writes all
+items through one :class:`~crawler.reparse.feeds.ItemFileWriter`. Nothing is fetched:
+requests the callback yields are counted and dropped.
 """
 
 from __future__ import annotations
 
-import glob
 import inspect
-import io
 import logging
 import multiprocessing
-import os
-import sqlite3
 import sys
 import time
-import zlib
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -28,67 +22,13 @@ from pathlib import Path
 from itemadapter import is_item
 from scrapy import Request
 
-from crawler.archive import (
-    KEY_HEADER,
-    ArchiveError,
-    StoredRecord,
-    TruncatedRecordError,
-    conversion_record,
-    is_zip,
-    parse_record,
-    stored_record,
-)
-from crawler.catalog import Catalog, Row
-from crawler.feeds import ItemFileWriter
-from crawler.responses import build_response
+from crawler.reparse.feeds import ItemFileWriter
+from crawler.reparse.plan import ReparseConfig, ReparseError, Task, plan, select_rows
+from crawler.reparse.responses import build_response
+from crawler.storage import formats
+from crawler.storage.errors import ArchiveError, TruncatedRecordError
 
 logger = logging.getLogger(__name__)
-
-CHUNK_ROWS = 200
-CHUNK_BYTES = 16 << 20
-
-
-class ReparseError(Exception):
-    """The re-parse cannot start (bad spider, callback, selection or output)."""
-
-
-@dataclass
-class ReparseConfig:
-    spider: str
-    data_dir: Path
-    archive_glob: str | None = None
-    callback: str = "parse"
-    output: Path | None = None
-    workers: int = 0  # 0: every core
-    where: str | None = None
-    limit: int | None = None
-    spider_args: dict = field(default_factory=dict)
-    settings: dict = field(default_factory=dict)
-    chunk_rows: int = CHUNK_ROWS  # records per task (a byte range of one file)
-
-    @property
-    def worker_count(self) -> int:
-        if self.workers > 0:
-            return self.workers
-        # The cores this process may run on (a batch scheduler's share), not the machine's.
-        affinity = getattr(os, "sched_getaffinity", None)
-        return len(affinity(0)) if affinity else (os.cpu_count() or 1)
-
-
-@dataclass
-class Task:
-    """A byte range of one archive file and the catalog rows inside it."""
-
-    path: str
-    rows: list[tuple]  # (key, url, final_url, method, fetched_at, offset, length)
-
-    @property
-    def start(self) -> int:
-        return self.rows[0][5]
-
-    @property
-    def end(self) -> int:
-        return self.rows[-1][5] + self.rows[-1][6]
 
 
 @dataclass
@@ -142,145 +82,6 @@ class Summary:
         return out
 
 
-# -- planning ---------------------------------------------------------------------------
-
-
-def archive_files(data_dir: Path, pattern: str | None) -> set[str]:
-    """Relative paths (to ``data_dir``) of the closed archives that ``pattern`` names."""
-    if pattern is None:
-        found = [*data_dir.glob("archive/*.warc.gz"), *data_dir.glob("archive/*.zip")]
-    else:
-        base = pattern if os.path.isabs(pattern) else None
-        found = [Path(p) for p in glob.glob(base or str(data_dir / pattern))]
-        if not found and base is None:
-            found = [Path(p) for p in glob.glob(pattern)]
-    return {os.path.relpath(p.resolve(), data_dir.resolve()) for p in found if p.is_file()}
-
-
-class Selection:
-    """The catalog rows a re-parse reads, streamed in archive and offset order."""
-
-    # SQLite binds at most 32,766 parameters; past that the archive filter runs here
-    # (and --limit and the progress total then count rows of every archive).
-    MAX_BOUND_FILES = 30_000
-
-    def __init__(self, config: ReparseConfig):
-        self.catalog_path = config.data_dir / "metadata.db"
-        self.files = sorted(archive_files(config.data_dir, config.archive_glob))
-        self.user_where = config.where
-        self.limit = config.limit
-        where = f"({config.where})" if config.where else "1"
-        self.params: list[str] = []
-        if len(self.files) <= self.MAX_BOUND_FILES:
-            where += f" AND archive IN ({','.join('?' * len(self.files))})"
-            self.params = list(self.files)
-        self.where = where
-
-    def _query(self, catalog: Catalog, sql: str, params=()):
-        try:
-            return catalog.conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            raise ReparseError(f"--where {self.user_where!r}: {exc}") from exc
-
-    def count(self) -> int:
-        if not self.files:
-            return 0
-        limit = f" LIMIT {int(self.limit)}" if self.limit is not None else ""
-        sql = f"SELECT count(*) FROM (SELECT 1 FROM artifacts WHERE {self.where}{limit})"
-        with Catalog(self.catalog_path, readonly=True) as catalog:
-            return self._query(catalog, sql, self.params).fetchone()[0]
-
-    def __iter__(self) -> Iterator[Row]:
-        if not self.files:
-            return
-        files = set(self.files)
-        sql = f'{self.where} ORDER BY archive, "offset"'
-        if self.limit is not None:
-            sql += f" LIMIT {int(self.limit)}"
-        with Catalog(self.catalog_path, readonly=True) as catalog:
-            for row in catalog.rows(sql, self.params):
-                if row.archive in files:
-                    yield row
-
-
-def select_rows(config: ReparseConfig) -> Selection:
-    return Selection(config)
-
-
-def plan(rows: Iterable[Row], data_dir: Path, chunk_rows: int = CHUNK_ROWS) -> Iterator[Task]:
-    """Cut rows (sorted by archive and offset) into byte ranges of one file each."""
-    current: Task | None = None
-    for row in rows:
-        path = str(data_dir / row.archive)
-        entry = (
-            row.key,
-            row.url,
-            row.final_url,
-            row.method,
-            row.fetched_at,
-            row.offset,
-            row.length,
-        )
-        if current is not None and (
-            current.path != path
-            or len(current.rows) >= chunk_rows
-            or row.offset + row.length - current.start > CHUNK_BYTES
-        ):
-            yield current
-            current = None
-        if current is None:
-            current = Task(path, [])
-        current.rows.append(entry)
-    if current is not None:
-        yield current
-
-
-# -- reading records ----------------------------------------------------------------------
-
-
-def decode_warc_member(data: bytes, path: str, offset: int) -> StoredRecord:
-    """A stored response from one gzip member of a WARC (FastWARC parses it)."""
-    where = f"{path}: offset {offset}"
-    try:
-        raw = zlib.decompress(data, 31)
-    except zlib.error as exc:
-        kind = TruncatedRecordError if "incomplete" in str(exc) else ArchiveError
-        raise kind(f"{where}: corrupt or truncated gzip member ({exc})") from exc
-    return _parse_warc(raw, where)
-
-
-def _parse_warc(raw: bytes, where: str) -> StoredRecord:
-    try:
-        from fastwarc.warc import ArchiveIterator
-    except ImportError:  # pragma: no cover - fastwarc is in requirements.txt
-        record, body = parse_record(raw)
-        return stored_record(record, body)
-    for record in ArchiveIterator(
-        io.BytesIO(raw), parse_http=True, stream_detect=False, fsspec_args=False
-    ):
-        http = record.http_headers
-        if http is None and record.headers.get("WARC-Type") == "conversion":
-            return conversion_record(list(record.headers.astuples()), record.reader.read())
-        if http is None:
-            raise ArchiveError(f"{where}: record has no HTTP headers")
-        return StoredRecord(
-            url=record.headers.get("WARC-Target-URI"),
-            status=http.status_code,
-            headers=list(http.astuples()),
-            body=record.reader.read(),
-            warc_headers=list(record.headers.astuples()),
-        )
-    raise ArchiveError(f"{where}: not a WARC record")
-
-
-def decode(data: bytes, path: str, offset: int) -> StoredRecord:
-    if is_zip(path):
-        from crawler.ziparchive import decode_entry
-
-        return decode_entry(data, path, offset)
-    return decode_warc_member(data, path, offset)
-
-
 # -- the worker ---------------------------------------------------------------------------
 
 
@@ -324,6 +125,7 @@ class Reparser:
                 problems.append(Problem("corrupt", f"{task.path}: offset {row[5]}: {exc}"))
             stats["reparse/errors/corrupt"] += len(task.rows)
             return TaskResult(items, stats, problems, len(task.rows))
+        fmt = formats.for_path(task.path)
         for key, url, _final_url, method, fetched_at, offset, length in task.rows:
             start = offset - task.start
             chunk = data[start : start + length]
@@ -332,11 +134,10 @@ class Reparser:
                     raise TruncatedRecordError(
                         f"{task.path}: offset {offset}: file ends inside the record"
                     )
-                stored = decode(chunk, task.path, offset)
-                found = dict(stored.warc_headers).get(KEY_HEADER)
-                if found != key:
+                stored = fmt.decode(chunk, task.path, offset)
+                if stored.key != key:
                     raise ArchiveError(
-                        f"{task.path}: offset {offset}: record of key {found}, not {key}"
+                        f"{task.path}: offset {offset}: record of key {stored.key}, not {key}"
                     )
             except ArchiveError as exc:
                 stats["reparse/errors/corrupt"] += 1

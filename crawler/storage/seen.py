@@ -22,17 +22,20 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
-from crawler.catalog import SCHEMA_VERSION, Catalog, CatalogError, Row
+from crawler.storage.catalog import (
+    SCHEMA_VERSION,
+    SEEN_ABSENT_IN_SRC,
+    SEEN_KEYS_FROM_SRC,
+    SRC_ARCHIVES,
+    Catalog,
+    attached,
+    transaction,
+)
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import CatalogError
+from crawler.storage.records import Row
 
 logger = logging.getLogger(__name__)
-
-SHIPPED_DIR = "catalogs"
-
-
-def catalog_data_dir(path: Path) -> Path:
-    """The directory a catalog's ``archive`` paths are relative to."""
-    parent = Path(path).resolve().parent
-    return parent.parent if parent.name == SHIPPED_DIR else parent
 
 
 def expand(patterns: list[str]) -> list[Path]:
@@ -49,9 +52,10 @@ class SeenCatalogs:
 
     def __init__(self, patterns: list[str], tmp_dir: str | None = None):
         self.sources = expand(patterns)
-        fd, self._path = tempfile.mkstemp(prefix="seen-", suffix=".db", dir=tmp_dir)
+        fd, path = tempfile.mkstemp(prefix="seen-", suffix=".db", dir=tmp_dir)
         os.close(fd)
-        self.conn = sqlite3.connect(self._path, isolation_level=None, uri=True)
+        self._path = Path(path)
+        self.conn = sqlite3.connect(path, isolation_level=None, uri=True)
         self.conn.execute("PRAGMA journal_mode=OFF")
         self.conn.execute("PRAGMA synchronous=OFF")
         self.conn.execute(
@@ -66,35 +70,27 @@ class SeenCatalogs:
         self.rows = self.conn.execute("SELECT count(*) FROM seen").fetchone()[0]
         self._catalogs: dict[int, Catalog] = {}
 
+    @property
+    def path(self) -> Path:
+        """The temporary index (deleted by :meth:`close`)."""
+        return self._path
+
     def _load(self, index: int, path: Path) -> None:
         conn = self.conn
-        conn.execute("ATTACH DATABASE ? AS src", (f"file:{path}?mode=ro",))
-        try:
+        with attached(conn, path):
             version = conn.execute("PRAGMA src.user_version").fetchone()[0]
             if not 1 <= version <= SCHEMA_VERSION:  # key and archive: in every version
                 raise CatalogError(f"schema version {version}, not 1 to {SCHEMA_VERSION}")
-            data_dir = catalog_data_dir(path)
-            archives = [a for (a,) in conn.execute("SELECT DISTINCT archive FROM src.artifacts")]
+            data_dir = DataDir.of_catalog(path).root
+            archives = [a for (a,) in conn.execute(SRC_ARCHIVES)]
             existing = [(a,) for a in archives if (data_dir / a).is_file()]
-            conn.execute("BEGIN")
-            conn.execute("CREATE TEMP TABLE ok (archive TEXT PRIMARY KEY)")
-            conn.executemany("INSERT INTO temp.ok VALUES (?)", existing)
-            conn.execute(
-                "INSERT OR IGNORE INTO seen SELECT key, ? FROM src.artifacts "
-                "WHERE archive IN (SELECT archive FROM temp.ok)",
-                (index,),
-            )
-            if len(existing) < len(archives):
-                self.absent_rows += conn.execute(
-                    "SELECT count(*) FROM src.artifacts "
-                    "WHERE archive NOT IN (SELECT archive FROM temp.ok)"
-                ).fetchone()[0]
-            conn.execute("DROP TABLE temp.ok")
-            conn.execute("COMMIT")
-        finally:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.execute("DETACH DATABASE src")
+            with transaction(conn):
+                conn.execute("CREATE TEMP TABLE archives (archive TEXT PRIMARY KEY)")
+                conn.executemany("INSERT INTO temp.archives VALUES (?)", existing)
+                conn.execute(SEEN_KEYS_FROM_SRC, (index,))
+                if len(existing) < len(archives):
+                    self.absent_rows += conn.execute(SEEN_ABSENT_IN_SRC).fetchone()[0]
+                conn.execute("DROP TABLE temp.archives")
 
     def present(self, keys: list[str]) -> set[str]:
         if not keys or not self.rows:
@@ -114,7 +110,7 @@ class SeenCatalogs:
             catalog = self._catalogs[source] = Catalog(self.sources[source], readonly=True)
         row = catalog.get(key)
         if row is not None:
-            row.archive = str(catalog_data_dir(self.sources[source]) / row.archive)
+            row.archive = str(DataDir.of_catalog(self.sources[source]).root / row.archive)
         return row
 
     def close(self) -> None:
@@ -122,7 +118,7 @@ class SeenCatalogs:
             catalog.close()
         self._catalogs.clear()
         self.conn.close()
-        Path(self._path).unlink(missing_ok=True)
+        self._path.unlink(missing_ok=True)
 
 
 class CatalogWithSeen:

@@ -3,8 +3,8 @@
 A Slurm task crawls into a data directory on node-local disk (``$LOCAL/...``) and ships
 to the shared data directory ``DATA``:
 
-- closed archive files to ``DATA/archive/`` (copied under a temporary name, fsynced,
-  renamed, the directory fsynced), and then
+- closed archive files, of every format, to ``DATA/archive/`` (copied under a
+  temporary name, fsynced, renamed, the directory fsynced), and then
 - its catalog to ``DATA/catalogs/<name>.db``, taken with SQLite's online backup API
   while the crawl writes, with the rows whose archive is not shipped yet removed, and
   its action log beside it (``<name>.fetch_log.jsonl``).
@@ -12,8 +12,8 @@ to the shared data directory ``DATA``:
 So at every instant every row of a shipped catalog points at a complete record of a
 shipped file. ``merge_shipped`` folds the shipped catalogs into ``DATA/metadata.db``.
 
-    python -m crawler.ship ship LOCAL_DATA_DIR DATA --name NAME   # one shipment
-    python -m crawler.ship merge DATA                             # after the array
+    python -m slurm.ship ship LOCAL_DATA_DIR DATA --name NAME   # one shipment
+    python -m slurm.ship merge DATA                             # after the array
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.archive import ARCHIVE_GLOB, fsync_dir
-from crawler.catalog_tools import catalog_stats, merge_catalogs
-from crawler.seen import SHIPPED_DIR
+from crawler.storage.catalog import keep_archives
+from crawler.storage.datadir import DataDir
+from crawler.storage.formats.base import fsync_dir
+from crawler.tools.rebuild import merge_catalogs
+from crawler.tools.stats import catalog_stats
 
 logger = logging.getLogger(__name__)
-
-CATALOG_NAME = "metadata.db"
-ACTION_LOG_NAME = "fetch_log.jsonl"
 
 
 class ShipError(Exception):
@@ -67,58 +66,52 @@ class Shipper:
     """Ships one local data directory to the shared data directory under ``name``."""
 
     def __init__(self, local: Path, shared: Path, name: str):
-        self.local = Path(local)
-        self.shared = Path(shared)
+        self.local = DataDir(local)
+        self.shared = DataDir(shared)
         self.name = name
-        self.archive_dir = self.shared / "archive"
-        self.catalog_dir = self.shared / SHIPPED_DIR
         self.shipped: set[str] = set()  # "archive/<file>" as catalog rows name them
 
     @property
     def catalog_path(self) -> Path:
-        return self.catalog_dir / f"{self.name}.db"
+        return self.shared.shipped_catalog(self.name)
 
     def ship(self) -> Shipment:
         """Ship the closed archives, then the catalog rows that point into shipped ones."""
-        self.archive_dir.mkdir(parents=True, exist_ok=True)
-        self.catalog_dir.mkdir(parents=True, exist_ok=True)
+        self.shared.archive_dir.mkdir(parents=True, exist_ok=True)
+        self.shared.shipped_dir.mkdir(parents=True, exist_ok=True)
         out = Shipment()
-        for path in sorted((self.local / "archive").glob(ARCHIVE_GLOB)):
-            rel = f"archive/{path.name}"
+        for path in self.local.archives():
+            rel = self.local.relpath(path)
             if rel in self.shipped:
                 continue
-            dest = self.archive_dir / path.name
+            dest = self.shared.root / rel
             if dest.exists():
                 # Names carry ARCHIVE_PREFIX, time and pid: a clash means two crawls
-                # share a prefix (crawler/task.py gives each its own).
+                # share a prefix (slurm/runner.py gives each its own).
                 raise ShipError(f"{dest} exists already: give each crawl its own ARCHIVE_PREFIX")
             copy_atomic(path, dest)
             self.shipped.add(rel)
             out.archives.append(path.name)
-        if (self.local / CATALOG_NAME).exists():
+        if self.local.catalog_path.exists():
             out.rows, out.held_back = self._ship_catalog()
-        log = self.local / ACTION_LOG_NAME
+        log = self.local.action_log_path
         if log.exists():
-            copy_atomic(log, self.catalog_dir / f"{self.name}.{ACTION_LOG_NAME}")
+            copy_atomic(log, self.shared.shipped_action_log(self.name))
         return out
 
     def _ship_catalog(self) -> tuple[int, int]:
         # A snapshot on local disk first (the crawl goes on writing), trimmed to the
         # shipped archives, folded into one file, then copied over in one rename.
-        snapshot = self.local / f".ship-{self.name}.db"
+        snapshot = self.local.root / f".ship-{self.name}.db"
         snapshot.unlink(missing_ok=True)
-        src = sqlite3.connect(self.local / CATALOG_NAME, timeout=30)
+        src = sqlite3.connect(self.local.catalog_path, timeout=30)
         dest = sqlite3.connect(snapshot, isolation_level=None)
         try:
             src.backup(dest)
+            # A plain connection, not a Catalog: that one would put the copy in WAL
+            # mode, and a shipped catalog is one self-contained file.
             dest.execute("PRAGMA journal_mode=DELETE")
-            dest.execute("BEGIN")
-            dest.execute("CREATE TEMP TABLE shipped (archive TEXT PRIMARY KEY)")
-            dest.executemany("INSERT INTO temp.shipped VALUES (?)", [(a,) for a in self.shipped])
-            held_back = dest.execute(
-                "DELETE FROM artifacts WHERE archive NOT IN (SELECT archive FROM temp.shipped)"
-            ).rowcount
-            dest.execute("COMMIT")
+            held_back = keep_archives(dest, self.shipped)
             rows = dest.execute("SELECT count(*) FROM artifacts").fetchone()[0]
         finally:
             src.close()
@@ -130,28 +123,24 @@ class Shipper:
         return rows, held_back
 
 
-def shipped_catalogs(data: Path) -> list[Path]:
-    return sorted((Path(data) / SHIPPED_DIR).glob("*.db"))
-
-
 def merge_shipped(data: Path) -> int:
     """Fold every shipped catalog into ``DATA/metadata.db`` (newest fetch wins)."""
-    data = Path(data)
-    target = data / CATALOG_NAME
-    inputs = shipped_catalogs(data)
+    datadir = DataDir(data)
+    target = datadir.catalog_path
+    inputs = datadir.shipped_catalogs()
     if target.exists():
         inputs.insert(0, target)
     if not inputs:
-        raise ShipError(f"nothing to merge: no catalogs in {data / SHIPPED_DIR}")
-    merged = data / f".{CATALOG_NAME}.merging"
+        raise ShipError(f"nothing to merge: no catalogs in {datadir.shipped_dir}")
+    merged = target.with_name(f".{target.name}.merging")
     n = merge_catalogs(inputs, merged)
     os.replace(merged, target)
-    fsync_dir(data)
+    fsync_dir(datadir.root)
     return n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m crawler.ship", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m slurm.ship", description=__doc__)
     sub = parser.add_subparsers(dest="action", required=True)
     ship = sub.add_parser("ship", help="ship a local data directory once")
     ship.add_argument("local")
@@ -166,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shipped {len(done.archives)} archives, a catalog of {done.rows} rows")
         return 0
     n = merge_shipped(Path(args.data))
-    print(f"merged {len(shipped_catalogs(Path(args.data)))} shipped catalogs: {n:,} rows")
+    print(f"merged {len(DataDir(args.data).shipped_catalogs())} shipped catalogs: {n:,} rows")
     for line in catalog_stats(Path(args.data)).lines():
         print(line)
     return 0

@@ -1,50 +1,29 @@
-"""The catalog: one SQLite row per stored artifact.
+"""The catalog: one SQLite row per stored artifact, and every statement on that table.
 
-The catalog answers "what is in the cache?". Rows are written through
-:class:`BatchWriter`, one transaction per batch; a hook runs before each commit so
-that the archive can be flushed and fsynced first (a row never points at bytes that
-are not on disk).
+The catalog answers "what is in the cache?". Its schema is built by numbered
+migrations (``PRAGMA user_version``); every write goes through :func:`transaction`.
+The SQL of the ``artifacts`` table lives in this module and nowhere else: the crawl,
+the tools, shipping and the seen catalogs call :class:`Catalog` methods or use the
+statements below.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
-import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
+
+from crawler.storage.batch import BatchWriter
+from crawler.storage.errors import CatalogError
+from crawler.storage.records import Row
 
 SCHEMA_VERSION = 3
 # The oldest schema that has every column of Row: read-only users (tools, other
 # tasks' catalogs) read it as it is; only writing migrates.
 READABLE_FROM = 2
-
-
-class CatalogError(Exception):
-    """The catalog cannot be used as it is."""
-
-
-@dataclass
-class Row:
-    key: str
-    url: str
-    final_url: str
-    status: int
-    content_type: str | None
-    bytes: int
-    etag: str | None
-    last_modified: str | None
-    fetched_at: str
-    archive: str
-    offset: int
-    length: int
-    payload_digest: str | None
-    method: str = "GET"
-    # 1: the record is the DOM a browser rendered (a WARC conversion record), not the
-    # server's response; see middlewares/render.py.
-    rendered: int = 0
-
 
 COLUMNS = [f.name for f in fields(Row)]
 
@@ -113,22 +92,55 @@ def repr_col(column: str) -> str:
     return f'"{column}"'
 
 
-_SELECT = ", ".join(map(repr_col, COLUMNS))
-_UPSERT = (
-    f"INSERT INTO artifacts ({_SELECT}) VALUES ({', '.join('?' * len(COLUMNS))}) "
-    "ON CONFLICT(key) DO UPDATE SET "
-    + ", ".join(f"{repr_col(c)} = excluded.{repr_col(c)}" for c in COLUMNS if c != "key")
-)
-_SUMMARY = "SELECT status, row_count, byte_count FROM totals WHERE row_count > 0 ORDER BY status"
-_SUMMARY_SCAN = (
-    "SELECT status, count(*), coalesce(sum(bytes), 0) FROM artifacts "
-    "GROUP BY status ORDER BY status"
+# -- the SQL of the artifacts table ---------------------------------------------------------
+
+_COLS = ", ".join(map(repr_col, COLUMNS))
+_UPDATES = ", ".join(f"{repr_col(c)} = excluded.{repr_col(c)}" for c in COLUMNS if c != "key")
+
+
+def _upsert(source: str, condition: str = "") -> str:
+    return (
+        f"INSERT INTO artifacts ({_COLS}) {source} "
+        f"ON CONFLICT(key) DO UPDATE SET {_UPDATES}{condition}"
+    )
+
+
+UPSERT = _upsert(f"VALUES ({', '.join('?' * len(COLUMNS))})")
+# Rows of an attached catalog ``src``; on a key in both, the newer fetch wins. ("WHERE
+# 1" lets SQLite tell the ON CONFLICT clause from a join constraint.)
+UPSERT_NEWER_FROM_SRC = _upsert(
+    f"SELECT {_COLS} FROM src.artifacts WHERE 1",
+    " WHERE excluded.fetched_at > artifacts.fetched_at",
 )
 # A 304 refreshes validators and time only; the body stays where it is.
-_TOUCH = (
+TOUCH = (
     "UPDATE artifacts SET etag = coalesce(?, etag), "
     "last_modified = coalesce(?, last_modified), fetched_at = ? WHERE key = ?"
 )
+DELETE = "DELETE FROM artifacts WHERE key = ?"
+# Rows whose archive is not in the temporary table ``archives`` (see keep_archives).
+DELETE_OUTSIDE = "DELETE FROM artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
+SUMMARY = "SELECT status, row_count, byte_count FROM totals WHERE row_count > 0 ORDER BY status"
+SUMMARY_SCAN = (
+    "SELECT status, count(*), coalesce(sum(bytes), 0) FROM artifacts "
+    "GROUP BY status ORDER BY status"
+)
+OVERVIEW = (
+    "SELECT count(*), coalesce(sum(bytes), 0), min(fetched_at), max(fetched_at) FROM artifacts"
+)
+# The keys of an attached catalog ``src`` whose archive is in ``temp.archives``, with
+# the number of their source, into the table ``seen`` (crawler/storage/seen.py).
+SEEN_KEYS_FROM_SRC = (
+    "INSERT OR IGNORE INTO seen SELECT key, ? FROM src.artifacts "
+    "WHERE archive IN (SELECT archive FROM temp.archives)"
+)
+SEEN_ABSENT_IN_SRC = (
+    "SELECT count(*) FROM src.artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
+)
+SRC_ARCHIVES = "SELECT DISTINCT archive FROM src.artifacts"
+
+
+# -- connections and transactions --------------------------------------------------------
 
 
 def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connection:
@@ -152,6 +164,34 @@ def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connecti
         conn.close()
         raise CatalogError(f"{path}: not a usable SQLite catalog ({exc})") from exc
     return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One write transaction: committed when the block ends, rolled back if it raises.
+
+    ``BEGIN IMMEDIATE`` takes the write lock at once, so a busy database makes the
+    transaction wait (``busy_timeout``) at its start rather than fail at its first
+    write. The connection must be in autocommit mode (``isolation_level=None``).
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:  # SQLite may have rolled back already (a full disk)
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+@contextmanager
+def attached(conn: sqlite3.Connection, path: str | os.PathLike) -> Iterator[None]:
+    """Another catalog, read-only, as schema ``src`` of ``conn`` for the block."""
+    conn.execute("ATTACH DATABASE ? AS src", (f"file:{path}?mode=ro",))
+    try:
+        yield
+    finally:
+        conn.execute("DETACH DATABASE src")
 
 
 def _set_tmpdir() -> None:
@@ -206,6 +246,10 @@ class Catalog:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def transaction(self):
+        """``with catalog.transaction(): ...``: see :func:`transaction`."""
+        return transaction(self.conn)
+
     @property
     def version(self) -> int:
         return self.conn.execute("PRAGMA user_version").fetchone()[0]
@@ -227,23 +271,15 @@ class Catalog:
         if current > SCHEMA_VERSION:
             self._check_version()
         for version in range(current + 1, SCHEMA_VERSION + 1):
-            self.conn.execute("BEGIN IMMEDIATE")
-            try:
+            with self.transaction():
                 for stmt in statements(MIGRATIONS[version]):
                     self.conn.execute(stmt)
                 self.conn.execute(f"PRAGMA user_version = {version}")
-            except BaseException:
-                self.conn.execute("ROLLBACK")
-                raise
-            self.conn.execute("COMMIT")
 
     # -- reading -------------------------------------------------------------------
 
     def get(self, key: str) -> Row | None:
-        cur = self.conn.execute(
-            f"SELECT {_SELECT} FROM artifacts WHERE key = ?",
-            (key,),
-        )
+        cur = self.conn.execute(f"SELECT {_COLS} FROM artifacts WHERE key = ?", (key,))
         found = cur.fetchone()
         return Row(*found) if found else None
 
@@ -256,19 +292,38 @@ class Catalog:
         return {k for (k,) in cur}
 
     def rows(self, where: str = "1", params: Iterable = ()) -> Iterator[Row]:
-        cur = self.conn.execute(
-            f"SELECT {_SELECT} FROM artifacts WHERE {where}",
-            tuple(params),
-        )
+        """Rows matching an SQL condition (which may end in ORDER BY / LIMIT)."""
+        cur = self.conn.execute(f"SELECT {_COLS} FROM artifacts WHERE {where}", tuple(params))
         for found in cur:
             yield Row(*found)
 
-    def count(self) -> int:
-        return self.conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
+    def count(self, where: str = "1", params: Iterable = (), limit: int | None = None) -> int:
+        limit_sql = f" LIMIT {int(limit)}" if limit is not None else ""
+        sql = f"SELECT count(*) FROM (SELECT 1 FROM artifacts WHERE {where}{limit_sql})"
+        return self.conn.execute(sql, tuple(params)).fetchone()[0]
+
+    def count_by(self, column: str) -> list[tuple]:
+        """``(value, rows)`` for each value of ``column``, in order of the value."""
+        col = repr_col(column)
+        sql = f"SELECT {col}, count(*) FROM artifacts GROUP BY {col} ORDER BY {col}"
+        return self.conn.execute(sql).fetchall()
+
+    def column(self, column: str) -> Iterator:
+        """Every row's value of ``column``."""
+        for (value,) in self.conn.execute(f"SELECT {repr_col(column)} FROM artifacts"):
+            yield value
+
+    def archives(self) -> list[str]:
+        """The archive files the rows point into, as the rows name them."""
+        return [a for (a,) in self.conn.execute("SELECT DISTINCT archive FROM artifacts")]
+
+    def overview(self) -> tuple[int, int, str | None, str | None]:
+        """Rows, bytes of bodies, oldest and newest fetch."""
+        return self.conn.execute(OVERVIEW).fetchone()
 
     def summary(self) -> dict:
         # Read-only on a catalog older than the totals: count them.
-        sql = _SUMMARY if self.version >= 3 else _SUMMARY_SCAN
+        sql = SUMMARY if self.version >= 3 else SUMMARY_SCAN
         by_status, rows, total_bytes = {}, 0, 0
         for status, count, size in self.conn.execute(sql):
             by_status[status] = count
@@ -276,83 +331,38 @@ class Catalog:
             total_bytes += size
         return {"rows": rows, "bytes": total_bytes, "by_status": by_status}
 
-    # -- writing -------------------------------------------------------------------
+    # -- writing (inside a transaction) ----------------------------------------------
 
     def writer(self, **kwargs) -> BatchWriter:
-        return BatchWriter(self.conn, **kwargs)
+        """A :class:`~crawler.storage.batch.BatchWriter` of this catalog."""
+        return BatchWriter(self, **kwargs)
+
+    def upsert_values(self, values: list[tuple]) -> None:
+        """UPSERT rows given as tuples in ``COLUMNS`` order (:class:`BatchWriter`)."""
+        self.conn.executemany(UPSERT, values)
+
+    def touch_values(self, values: list[tuple]) -> None:
+        """Apply 304 refreshes given as ``(etag, last_modified, fetched_at, key)``."""
+        self.conn.executemany(TOUCH, values)
+
+    # -- writing (each its own transaction) ------------------------------------------
+
+    def delete(self, keys: Iterable[str]) -> None:
+        with self.transaction():
+            self.conn.executemany(DELETE, [(k,) for k in keys])
+
+    def merge_from(self, path: str | os.PathLike) -> None:
+        """Fold another catalog's rows in; on a key in both, the newer fetch wins."""
+        with attached(self.conn, path), self.transaction():
+            self.conn.execute(UPSERT_NEWER_FROM_SRC)
 
 
-class BatchWriter:
-    """Batched UPSERTs: one transaction per ``batch_size`` rows or ``flush_seconds``.
-
-    ``before_commit`` runs before each commit (the archive flushes and fsyncs there).
-    Use it as a context manager: leaving the block commits what is pending.
-    """
-
-    def __init__(
-        self,
-        conn: sqlite3.Connection,
-        batch_size: int = 200,
-        flush_seconds: float = 5.0,
-        before_commit: Callable[[], None] | None = None,
-    ):
-        self.conn = conn
-        self.batch_size = batch_size
-        self.flush_seconds = flush_seconds
-        self.before_commit = before_commit
-        self._upserts: list[tuple] = []
-        self._touches: list[tuple] = []
-        self._since = time.monotonic()
-        self.committed = 0
-
-    def __enter__(self) -> BatchWriter:
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.flush()
-
-    @property
-    def pending(self) -> int:
-        return len(self._upserts) + len(self._touches)
-
-    def upsert(self, row: Row) -> None:
-        # Not dataclasses.astuple: it deep-copies every field (60 us a row).
-        self._upserts.append(tuple(row.__dict__.values()))
-        self._maybe_flush()
-
-    def touch(self, key: str, etag: str | None, last_modified: str | None, fetched_at: str) -> None:
-        self._touches.append((etag, last_modified, fetched_at, key))
-        self._maybe_flush()
-
-    def due(self) -> bool:
-        return self.pending and (
-            self.pending >= self.batch_size or time.monotonic() - self._since >= self.flush_seconds
-        )
-
-    def _maybe_flush(self) -> None:
-        if self.due():
-            self.flush()
-
-    def flush(self) -> int:
-        """Commit what is pending; returns the number of rows written."""
-        if not self.pending:
-            self._since = time.monotonic()
-            return 0
-        if self.before_commit is not None:
-            self.before_commit()
-        n = self.pending
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            if self._upserts:
-                self.conn.executemany(_UPSERT, self._upserts)
-            if self._touches:
-                self.conn.executemany(_TOUCH, self._touches)
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
-        self._upserts.clear()
-        self._touches.clear()
-        self._since = time.monotonic()
-        self.committed += n
-        return n
+def keep_archives(conn: sqlite3.Connection, archives: Iterable[str]) -> int:
+    """Delete the rows of the catalog ``conn`` pointing into any archive file but
+    ``archives``; returns how many (a plain connection: a copy being shipped)."""
+    with transaction(conn):
+        conn.execute("CREATE TEMP TABLE archives (archive TEXT PRIMARY KEY)")
+        conn.executemany("INSERT INTO temp.archives VALUES (?)", [(a,) for a in archives])
+        removed = conn.execute(DELETE_OUTSIDE).rowcount
+        conn.execute("DROP TABLE temp.archives")
+    return removed

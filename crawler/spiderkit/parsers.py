@@ -8,7 +8,7 @@ from scrapy.http import HtmlResponse
 from crawler.items import PageSummary
 
 # Straight on lxml: through parsel, wrapping each of a page's text nodes in a Selector
-# made the summary cost 7 ms per 50 KB page instead of 1.8.
+# made the summary cost several times as much (README: Benchmarks).
 _BODY_TEXT = etree.XPath("//body//text()[not(ancestor::script)]", smart_strings=False)
 _LINKS = etree.XPath("count(//a[@href])")
 

@@ -1,0 +1,150 @@
+"""What a re-parse reads: catalog rows selected, then cut into byte ranges of one file.
+
+The catalog selects the rows (``--where``, ``--limit``, ``--archive``); rows are
+grouped by archive file and cut into byte ranges (:func:`plan`), each read with one
+read by a worker (:mod:`crawler.reparse.runner`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sqlite3
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.records import Row
+
+CHUNK_ROWS = 200
+CHUNK_BYTES = 16 << 20
+
+
+class ReparseError(Exception):
+    """The re-parse cannot start (bad spider, callback, selection or output)."""
+
+
+@dataclass
+class ReparseConfig:
+    spider: str
+    data_dir: Path
+    archive_glob: str | None = None
+    callback: str = "parse"
+    output: Path | None = None
+    workers: int = 0  # 0: every core
+    where: str | None = None
+    limit: int | None = None
+    spider_args: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    chunk_rows: int = CHUNK_ROWS  # records per task (a byte range of one file)
+
+    @property
+    def worker_count(self) -> int:
+        if self.workers > 0:
+            return self.workers
+        # The cores this process may run on (a batch scheduler's share), not the machine's.
+        affinity = getattr(os, "sched_getaffinity", None)
+        return len(affinity(0)) if affinity else (os.cpu_count() or 1)
+
+
+@dataclass
+class Task:
+    """A byte range of one archive file and the catalog rows inside it."""
+
+    path: str
+    rows: list[tuple]  # (key, url, final_url, method, fetched_at, offset, length)
+
+    @property
+    def start(self) -> int:
+        return self.rows[0][5]
+
+    @property
+    def end(self) -> int:
+        return self.rows[-1][5] + self.rows[-1][6]
+
+
+def archive_files(data_dir: Path, pattern: str | None) -> set[str]:
+    """Relative paths (to ``data_dir``) of the closed archives that ``pattern`` names."""
+    if pattern is None:
+        found = DataDir(data_dir).archives()
+    else:
+        base = pattern if os.path.isabs(pattern) else None
+        found = [Path(p) for p in glob.glob(base or str(data_dir / pattern))]
+        if not found and base is None:
+            found = [Path(p) for p in glob.glob(pattern)]
+    return {os.path.relpath(p.resolve(), data_dir.resolve()) for p in found if p.is_file()}
+
+
+class Selection:
+    """The catalog rows a re-parse reads, streamed in archive and offset order."""
+
+    # SQLite binds at most 32,766 parameters; past that the archive filter runs here
+    # (and --limit and the progress total then count rows of every archive).
+    MAX_BOUND_FILES = 30_000
+
+    def __init__(self, config: ReparseConfig):
+        self.catalog_path = DataDir(config.data_dir).catalog_path
+        self.files = sorted(archive_files(config.data_dir, config.archive_glob))
+        self.user_where = config.where
+        self.limit = config.limit
+        where = f"({config.where})" if config.where else "1"
+        self.params: list[str] = []
+        if len(self.files) <= self.MAX_BOUND_FILES:
+            where += f" AND archive IN ({','.join('?' * len(self.files))})"
+            self.params = list(self.files)
+        self.where = where
+
+    def count(self) -> int:
+        if not self.files:
+            return 0
+        with Catalog(self.catalog_path, readonly=True) as catalog:
+            try:
+                return catalog.count(self.where, self.params, self.limit)
+            except sqlite3.Error as exc:
+                raise ReparseError(f"--where {self.user_where!r}: {exc}") from exc
+
+    def __iter__(self) -> Iterator[Row]:
+        if not self.files:
+            return
+        files = set(self.files)
+        sql = f'{self.where} ORDER BY archive, "offset"'
+        if self.limit is not None:
+            sql += f" LIMIT {int(self.limit)}"
+        with Catalog(self.catalog_path, readonly=True) as catalog:
+            for row in catalog.rows(sql, self.params):
+                if row.archive in files:
+                    yield row
+
+
+def select_rows(config: ReparseConfig) -> Selection:
+    return Selection(config)
+
+
+def plan(rows: Iterable[Row], data_dir: Path, chunk_rows: int = CHUNK_ROWS) -> Iterator[Task]:
+    """Cut rows (sorted by archive and offset) into byte ranges of one file each."""
+    current: Task | None = None
+    for row in rows:
+        path = str(data_dir / row.archive)
+        entry = (
+            row.key,
+            row.url,
+            row.final_url,
+            row.method,
+            row.fetched_at,
+            row.offset,
+            row.length,
+        )
+        if current is not None and (
+            current.path != path
+            or len(current.rows) >= chunk_rows
+            or row.offset + row.length - current.start > CHUNK_BYTES
+        ):
+            yield current
+            current = None
+        if current is None:
+            current = Task(path, [])
+        current.rows.append(entry)
+    if current is not None:
+        yield current

@@ -1,0 +1,2 @@
+"""Helpers for the project's spiders: URL lists and shards (``urls``), registered
+domains (``domains``), page parsers (``parsers``)."""

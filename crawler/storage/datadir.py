@@ -1,0 +1,190 @@
+"""The layout of a data directory (``DATA_DIR``), and its lock.
+
+::
+
+    metadata.db          catalog
+    .lock                held by the one crawl writing here
+    archive/             archive files, of every format (a file being written ends in .open)
+    fetch_log.jsonl      action log
+    derived/             outputs made from the stored records
+    catalogs/            catalogs shipped here by Slurm tasks (each with its action log)
+
+Nothing else in the project spells these names out: ask a :class:`DataDir`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+from crawler.storage import formats
+from crawler.storage.errors import StoreError
+from crawler.storage.formats.base import OPEN_SUFFIX, ArchiveFormat
+from crawler.storage.records import Row, StoredRecord
+
+DEFAULT = "data"
+CATALOG_NAME = "metadata.db"
+ACTION_LOG_NAME = "fetch_log.jsonl"
+SHIPPED_DIR = "catalogs"
+
+
+class DataDir:
+    """Every path and archive glob of one data directory, and its lock."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    @classmethod
+    def from_settings(cls, settings) -> DataDir:
+        """The data directory the ``DATA_DIR`` setting names (Scrapy settings, or a dict)."""
+        return cls(settings.get("DATA_DIR") or DEFAULT)
+
+    @classmethod
+    def of_catalog(cls, catalog: str | os.PathLike) -> DataDir:
+        """The data directory a catalog's ``archive`` paths are relative to: the folder
+        holding it, or for a catalog shipped under ``catalogs/``, the one above."""
+        parent = Path(catalog).resolve().parent
+        return cls(parent.parent if parent.name == SHIPPED_DIR else parent)
+
+    def __repr__(self) -> str:
+        return f"DataDir({str(self.root)!r})"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, DataDir) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    # -- paths ----------------------------------------------------------------------
+
+    @property
+    def catalog_path(self) -> Path:
+        return self.root / CATALOG_NAME
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / ".lock"
+
+    @property
+    def archive_dir(self) -> Path:
+        return self.root / "archive"
+
+    @property
+    def action_log_path(self) -> Path:
+        return self.root / ACTION_LOG_NAME
+
+    @property
+    def derived_dir(self) -> Path:
+        return self.root / "derived"
+
+    @property
+    def shipped_dir(self) -> Path:
+        """Where Slurm tasks ship their catalogs and action logs."""
+        return self.root / SHIPPED_DIR
+
+    def shipped_catalog(self, name: str) -> Path:
+        return self.shipped_dir / f"{name}.db"
+
+    def shipped_action_log(self, name: str) -> Path:
+        return self.shipped_dir / f"{name}.{ACTION_LOG_NAME}"
+
+    def shipped_catalogs(self) -> list[Path]:
+        return sorted(self.shipped_dir.glob("*.db"))
+
+    def seen_patterns(self) -> list[str]:
+        """``CATALOG_SEEN`` globs of every catalog stored here (the merged one, shipped ones)."""
+        return [str(self.catalog_path), str(self.shipped_dir / "*.db")]
+
+    # -- archive files --------------------------------------------------------------
+
+    def archives(self, fmt: ArchiveFormat | None = None) -> list[Path]:
+        """The closed archive files (of ``fmt``, or of every format), oldest name first."""
+        chosen = [fmt] if fmt is not None else formats.FORMATS.values()
+        return sorted(p for f in chosen for p in self.archive_dir.glob(f.glob))
+
+    def open_archives(self) -> list[Path]:
+        """Archive files left ``.open`` (being written, or by a killed run)."""
+        return sorted(
+            p for f in formats.FORMATS.values() for p in self.archive_dir.glob(f.open_glob)
+        )
+
+    def archive_bytes(self) -> tuple[int, int]:
+        """Bytes of every archive file (open and cut-off tails included), and the
+        number of closed files."""
+        files = {p for f in formats.FORMATS.values() for p in self.archive_dir.glob(f.glob + "*")}
+        return sum(p.stat().st_size for p in files), len(self.archives())
+
+    def relpath(self, path: str | os.PathLike) -> str:
+        """``path`` as catalog rows name it (relative to the data directory)."""
+        return os.path.relpath(path, self.root)
+
+    def resolve(self, relpath: str) -> Path:
+        """The file a catalog row names: closed, or still open for writing. A row of
+        another data directory's catalog (``CATALOG_SEEN``) names it absolutely."""
+        path = self.root / relpath
+        if path.exists():
+            return path
+        open_path = path.with_name(path.name + OPEN_SUFFIX)
+        return open_path if open_path.exists() else path
+
+    def read(self, row: Row) -> StoredRecord:
+        """The stored answer a catalog row points at; raises ArchiveError, OSError, or
+        ValueError (a file of no known format)."""
+        path = self.resolve(row.archive)
+        return formats.for_path(path).read(path, row.offset, row.length)
+
+    # -- the lock -------------------------------------------------------------------
+
+    def lock(self) -> DataDirLock:
+        return DataDirLock(self.lock_path)
+
+    def is_free(self) -> bool:
+        """Whether no crawl holds the data directory right now."""
+        lock = self.lock()
+        try:
+            lock.acquire()
+        except StoreError:
+            return False
+        lock.release()
+        return True
+
+
+class DataDirLock:
+    """An exclusive lock on a data directory: one crawl writes it at a time.
+
+    Held through an open file (``flock``), so that it goes with the process that
+    holds it, however that process ends.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise StoreError(
+                f"{self.path.parent} is in use by another crawl (pid {holder or '?'}); "
+                "wait for it or use another DATA_DIR"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> DataDirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()

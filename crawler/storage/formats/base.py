@@ -1,0 +1,305 @@
+"""What every archive format shares: the rolling ``.open`` file, gzip members, the
+record of a repair, and :class:`ArchiveFormat`, the interface the registry holds."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from isal import isal_zlib
+
+from crawler.storage.errors import ArchiveError, TruncatedRecordError
+from crawler.storage.records import Fetch, Indexed, Row, StoredRecord
+
+OPEN_SUFFIX = ".open"
+_READ_CHUNK = 1 << 20
+
+COMPRESSORS = {"isal": isal_zlib, "zlib": zlib}
+MAX_LEVEL = {"isal": 3, "zlib": 9}
+
+
+def gzip_member(data: bytes | list, level: int, compressor: str = "isal") -> bytes:
+    """One complete gzip member holding ``data`` (bytes, or a list of parts).
+
+    ISA-L at level 1 compresses as small as zlib at level 1 at several times the speed
+    (README: Archive), which is what lets one writer keep up with a crawl. Readers
+    need nothing special: the output is plain gzip.
+    """
+    module = COMPRESSORS[compressor]
+    comp = module.compressobj(level, module.DEFLATED, 31)
+    if isinstance(data, list):
+        return b"".join([*map(comp.compress, data), comp.flush()])
+    return comp.compress(data) + comp.flush()
+
+
+def iter_members(f, start: int = 0) -> Iterator[tuple[int, int, bytes]]:
+    """Yield ``(offset, length, uncompressed bytes)`` of each gzip member of ``f``.
+
+    Raises :class:`TruncatedRecordError` at a member the file ends inside, and
+    :class:`ArchiveError` at one that does not decompress; both carry the offset.
+    """
+    f.seek(start)
+    pos = start
+    buf = f.read(_READ_CHUNK)
+    while buf:
+        member_start = pos
+        inflater = zlib.decompressobj(31)
+        out = []
+        while True:
+            try:
+                out.append(inflater.decompress(buf))
+            except zlib.error as exc:
+                raise ArchiveError(f"offset {member_start}: corrupt gzip member ({exc})") from exc
+            if inflater.eof:
+                rest = inflater.unused_data
+                pos += len(buf) - len(rest)
+                buf = rest or f.read(_READ_CHUNK)
+                break
+            pos += len(buf)
+            buf = f.read(_READ_CHUNK)
+            if not buf:
+                raise TruncatedRecordError(f"offset {member_start}: file ends inside a record")
+        yield member_start, pos - member_start, b"".join(out)
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_range(path: str | os.PathLike, offset: int, length: int, what: str = "record") -> bytes:
+    """The ``length`` bytes at ``offset``; a file that ends before is a truncated record."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read(length)
+    if len(data) < length:
+        raise TruncatedRecordError(f"{path}: offset {offset}: file ends inside the {what}")
+    return data
+
+
+class RollingFile:
+    """A file written as ``<dir>/<prefix>-<time>-<pid>-<seq><suffix>.open``.
+
+    It is renamed to its closed name by :meth:`close` (after a flush and fsync), and a
+    writer starts a new one once :meth:`needs_rollover` says so. Subclasses write the
+    records; ``_started`` and ``_finishing`` are their hooks at either end of a file.
+    """
+
+    suffix = ""
+
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        data_dir: str | os.PathLike,
+        prefix: str = "crawl",
+        rollover_bytes: int = 1_000_000_000,
+        rollover_seconds: float = 0.0,
+    ):
+        self.directory = Path(directory)
+        self.data_dir = Path(data_dir)
+        self.prefix = prefix
+        self.rollover_bytes = rollover_bytes
+        # A file also rolls over this long after it was opened (0: by size only), so
+        # that closed files can be shipped while a slow crawl runs.
+        self.rollover_seconds = rollover_seconds
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._file: io.BufferedWriter | None = None
+        self._seq = 0
+        self.name = ""
+        self.size = 0
+        self.closed_files: list[Path] = []
+        self.records_written = 0
+
+    @property
+    def path(self) -> Path:
+        """The file's closed name (it is written under this name + ``.open``)."""
+        return self.directory / self.name
+
+    @property
+    def open_path(self) -> Path:
+        return self.directory / (self.name + OPEN_SUFFIX)
+
+    @property
+    def relpath(self) -> str:
+        return os.path.relpath(self.path, self.data_dir)
+
+    def _open(self) -> None:
+        self._seq += 1
+        stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
+        self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}{self.suffix}"
+        self._file = open(self.open_path, "xb")
+        self.size = 0
+        self._opened_at = time.monotonic()
+        self._started()
+
+    def _write(self, data: bytes) -> int:
+        """Append ``data`` to the open file (opening one if needed); returns its offset."""
+        if self._file is None:
+            self._open()
+        offset = self.size
+        self._file.write(data)
+        self.size += len(data)
+        return offset
+
+    def _started(self) -> None:
+        """Called when a new file is open."""
+
+    def _finishing(self) -> None:
+        """Called before a file is flushed, closed and renamed."""
+
+    def flush(self, fsync: bool = True) -> None:
+        if self._file is not None:
+            self._file.flush()
+            if fsync:
+                os.fsync(self._file.fileno())
+
+    def needs_rollover(self) -> bool:
+        if self._file is None:
+            return False
+        return self.size >= self.rollover_bytes or (
+            self.rollover_seconds > 0
+            and time.monotonic() - self._opened_at >= self.rollover_seconds
+        )
+
+    def close(self) -> Path | None:
+        """Finish, flush, fsync and rename the open file to its closed name."""
+        if self._file is None:
+            return None
+        self._finishing()
+        self.flush(fsync=True)
+        self._file.close()
+        self._file = None
+        os.rename(self.open_path, self.path)
+        fsync_dir(self.directory)
+        self.closed_files.append(self.path)
+        return self.path
+
+    def abandon(self) -> None:
+        """Drop the open file as a kill leaves it, for crash tests: the bytes written so
+        far reach the file, which stays ``.open`` and unfinished."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+@dataclass
+class Repair:
+    """What closing a file left open by a killed run did."""
+
+    path: Path
+    records: int
+    cut_bytes: int
+    cut_file: Path | None
+    indexed: Indexed
+
+
+def closed_name(open_path: Path) -> Path:
+    return open_path.with_name(open_path.name.removesuffix(OPEN_SUFFIX))
+
+
+def save_tail(f, start: int, closed: Path) -> Path:
+    """Copy what follows ``start`` in ``f`` beside the file as ``<name>.cut-<time>``."""
+    cut_file = closed.with_name(f"{closed.name}.cut-{time.strftime('%Y%m%d%H%M%S')}")
+    f.seek(start)
+    with open(cut_file, "wb") as dst:
+        shutil.copyfileobj(f, dst, _READ_CHUNK)
+        dst.flush()
+        os.fsync(dst.fileno())
+    return cut_file
+
+
+def finish_repair(open_path: Path, closed: Path) -> None:
+    """Rename a repaired file to its closed name, durably."""
+    os.rename(open_path, closed)
+    fsync_dir(closed.parent)
+
+
+@dataclass
+class Scan:
+    """What archives hold, and the places they could not be read."""
+
+    indexed: Indexed = field(default_factory=Indexed)
+    problems: list[str] = field(default_factory=list)
+    records: int = 0
+
+
+class ArchiveFormat:
+    """One archive format: writer, reader, indexer, repair, and which files are its.
+
+    An instance of a subclass is registered in :mod:`crawler.storage.formats`;
+    nothing else in the project asks which format it holds.
+    """
+
+    name = ""
+    suffix = ""  # of a closed file, e.g. ".warc.gz"
+    what = "record"  # what a stored answer is called in messages
+    # Whether it can keep a browser's rendered DOM beside the server's answer.
+    keeps_rendered = False
+
+    @property
+    def glob(self) -> str:
+        """The closed files of this format, as a glob of ``archive/``."""
+        return f"*{self.suffix}"
+
+    @property
+    def open_glob(self) -> str:
+        return f"*{self.suffix}{OPEN_SUFFIX}"
+
+    def owns(self, path: str | os.PathLike) -> bool:
+        """Whether ``path`` (closed or ``.open``) is a file of this format."""
+        return os.fspath(path).removesuffix(OPEN_SUFFIX).endswith(self.suffix)
+
+    def writer(
+        self,
+        directory: Path,
+        data_dir: Path,
+        *,
+        prefix: str,
+        rollover_bytes: int,
+        rollover_seconds: float,
+        gzip_level: int,
+        compressor: str,
+    ) -> ArchiveWriter:
+        raise NotImplementedError
+
+    def decode(self, data: bytes, path: str | os.PathLike, offset: int) -> StoredRecord:
+        """The stored answer in ``data``, the bytes of one record read at ``offset``."""
+        raise NotImplementedError
+
+    def read(self, path: str | os.PathLike, offset: int, length: int) -> StoredRecord:
+        """The stored answer at ``offset`` of ``path`` (what a catalog row points at)."""
+        return self.decode(read_range(path, offset, length, self.what), path, offset)
+
+    def index(self, path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
+        """Every complete record of a file as catalog rows (an error at a bad one)."""
+        raise NotImplementedError
+
+    def scan(self, path: Path, relpath: str, scan: Scan) -> None:
+        """Index what can be read into ``scan``; a bad place is a problem, not an error."""
+        raise NotImplementedError
+
+    def repair(self, open_path: Path, data_dir: Path) -> Repair:
+        """Close a file left open by a killed run: cut a partial tail, keep the rest."""
+        raise NotImplementedError
+
+
+class ArchiveWriter(RollingFile):
+    """What a format's writer provides (the store calls nothing else)."""
+
+    def write_fetch(self, fetch: Fetch) -> Row:
+        """Store a fetch; returns its catalog row."""
+        raise NotImplementedError
+
+    def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
+        """Store a 304: the stored body is still current."""
+        raise NotImplementedError

@@ -1,0 +1,153 @@
+"""The values that cross the storage core: what was fetched, what was stored, its row.
+
+:class:`Fetch` is what the crawl hands to the store; :class:`Row` is a row of the
+catalog; :class:`StoredRecord` is what an archive gives back, whatever its format.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+Headers = list[tuple[str, str]]
+
+# Record headers naming the request a record answers, so that the catalog can be
+# rebuilt from the archive alone. A stored record of any format carries them.
+KEY_HEADER = "X-Crawl-Key"
+REQUESTED_URI_HEADER = "X-Crawl-Requested-URI"
+METHOD_HEADER = "X-Crawl-Method"
+# Headers that no longer describe the stored payload once Scrapy decoded it; the
+# server's values are kept under this prefix (the convention replay tools know).
+ORIG_PREFIX = "X-Archive-Orig-"
+
+
+@dataclass
+class Fetch:
+    """One answer from a server, as the crawl received it (bodies already decoded)."""
+
+    key: str
+    url: str
+    final_url: str
+    method: str
+    request_headers: Headers
+    request_body: bytes
+    status: int
+    response_headers: Headers
+    body: bytes
+    fetched_at: float = field(default_factory=time.time)
+    # What a browser rendered from ``body`` (the DOM the spider parsed), if it did.
+    rendered_body: bytes | None = None
+    rendered_type: str = "text/html; charset=utf-8"
+
+
+@dataclass
+class StoredRecord:
+    """A stored answer as the crawl saw it; ``warc_headers`` are the record's headers
+    (a zip entry's metadata is given under the same names)."""
+
+    url: str
+    status: int
+    headers: Headers
+    body: bytes
+    warc_headers: Headers
+
+    @property
+    def key(self) -> str | None:
+        return header(self.warc_headers, KEY_HEADER)
+
+
+@dataclass
+class Row:
+    """One row of the catalog's ``artifacts`` table (README: Catalog)."""
+
+    key: str
+    url: str
+    final_url: str
+    status: int
+    content_type: str | None
+    bytes: int
+    etag: str | None
+    last_modified: str | None
+    fetched_at: str
+    archive: str
+    offset: int
+    length: int
+    payload_digest: str | None
+    method: str = "GET"
+    # 1: the record is the DOM a browser rendered (a WARC conversion record), not the
+    # server's response; see middlewares/render.py.
+    rendered: int = 0
+
+
+# A 304 refresh found in an archive: (key, etag, last_modified, fetched_at).
+Touch = tuple[str, str | None, str | None, str]
+
+
+@dataclass
+class Indexed:
+    """What an archive file holds, as catalog rows and 304 refreshes."""
+
+    rows: list[Row] = field(default_factory=list)
+    touches: list[Touch] = field(default_factory=list)
+
+
+def fetch_row(
+    fetch: Fetch, archive: str, offset: int, length: int, digest: str, rendered: bool = False
+) -> Row:
+    """The catalog row of a stored fetch, whose record is at ``offset`` of ``archive``;
+    with ``rendered``, the row of the DOM a browser rendered from it."""
+    headers = fetch.response_headers
+    return Row(
+        key=fetch.key,
+        url=fetch.url,
+        final_url=fetch.final_url,
+        status=fetch.status,
+        content_type=fetch.rendered_type if rendered else header(headers, "Content-Type"),
+        bytes=len(fetch.rendered_body if rendered else fetch.body),
+        etag=header(headers, "ETag"),
+        last_modified=header(headers, "Last-Modified"),
+        fetched_at=warc_date(fetch.fetched_at),
+        archive=archive,
+        offset=offset,
+        length=length,
+        payload_digest=digest,
+        method=fetch.method,
+        rendered=int(rendered),
+    )
+
+
+def header(headers: Headers, name: str) -> str | None:
+    """The first value of header ``name`` (any case), or None."""
+    lname = name.lower()
+    for k, v in headers:
+        if k.lower() == lname:
+            return v
+    return None
+
+
+def warc_date(ts: float) -> str:
+    """A time as the catalog and WARC-Date write it: ISO 8601 UTC, microseconds."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def payload_digest(data) -> str:
+    """The digest WARC records carry: ``sha1:`` and base32."""
+    return "sha1:" + base64.b32encode(hashlib.sha1(data).digest()).decode("ascii")
+
+
+def payload_headers(headers: Headers, body_length: int) -> Headers:
+    """Headers that describe the payload as stored (de-chunked, decoded)."""
+    out: Headers = []
+    for name, value in headers:
+        lname = name.lower()
+        if lname == "transfer-encoding" or (
+            lname == "content-length" and value.strip() != str(body_length)
+        ):
+            out.append((ORIG_PREFIX + name, value))
+        elif lname != "content-length":
+            out.append((name, value))
+    out.append(("Content-Length", str(body_length)))
+    return out

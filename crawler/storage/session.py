@@ -1,0 +1,234 @@
+"""One crawl's storage, opened and closed as a whole: :class:`StorageSession`.
+
+What a crawl does with its data directory, in order: lock it, repair what a killed
+run left open, create or migrate the catalog, index the other catalogs it must not
+fetch again (``CATALOG_SEEN``), open the action log and have the writer process open
+the store; then look keys up, replay stored records, hand fetches to the writer; at
+the end, drain the writer, release everything and say what the run stored.
+
+``middlewares/archive.py`` is the Scrapy adapter over it; ``scrapy shell`` and the
+offline HTTP cache (``extensions/archive_cache.py``) replay through it. No Scrapy here.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from crawler.storage import formats
+from crawler.storage.actionlog import ActionLog
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import ArchiveError, StoreError
+from crawler.storage.formats.base import MAX_LEVEL
+from crawler.storage.records import Row, StoredRecord
+from crawler.storage.seen import CatalogWithSeen, with_seen
+from crawler.storage.store import Recovery, StoreConfig, recover
+from crawler.storage.writer.client import WriterProcess
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SessionConfig:
+    """The storage settings of a crawl, checked together."""
+
+    store: StoreConfig
+    store_statuses: frozenset[int] = frozenset({200})
+    queue_bytes: int = 1 << 20
+    seen: list[str] = field(default_factory=list)  # CATALOG_SEEN
+
+    @property
+    def datadir(self) -> DataDir:
+        return self.store.datadir
+
+    @classmethod
+    def from_settings(cls, settings) -> SessionConfig:
+        """From Scrapy settings; a bad value raises ValueError naming the setting."""
+        datadir = DataDir.from_settings(settings)
+        batch_size = settings.getint("CATALOG_BATCH_SIZE")
+        if batch_size < 1:
+            raise ValueError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
+        compressor = settings.get("ARCHIVE_COMPRESSOR") or "isal"
+        if compressor not in MAX_LEVEL:
+            raise ValueError(
+                f"ARCHIVE_COMPRESSOR must be one of {sorted(MAX_LEVEL)}, not {compressor!r}"
+            )
+        level = settings.getint("ARCHIVE_GZIP_LEVEL")
+        if not 0 <= level <= MAX_LEVEL[compressor]:
+            raise ValueError(
+                f"ARCHIVE_GZIP_LEVEL must be 0-{MAX_LEVEL[compressor]} with "
+                f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
+            )
+        return cls(
+            store=StoreConfig(
+                data_dir=datadir.root,
+                prefix=settings.get("ARCHIVE_PREFIX") or "crawl",
+                rollover_bytes=settings.getint("ARCHIVE_ROLLOVER_BYTES"),
+                gzip_level=level,
+                compressor=compressor,
+                batch_size=batch_size,
+                flush_seconds=settings.getfloat("CATALOG_FLUSH_SECONDS"),
+                rollover_seconds=settings.getfloat("ARCHIVE_ROLLOVER_SECONDS"),
+                format=formats.get(settings.get("ARCHIVE_FORMAT")).name,
+            ),
+            store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
+            queue_bytes=settings.getint("ARCHIVE_QUEUE_BYTES"),
+            seen=settings.getlist("CATALOG_SEEN"),
+        )
+
+
+@dataclass
+class EndSummary:
+    """What a run stored and what the data directory holds, said at its end."""
+
+    stored: int
+    stored_bytes: int
+    refreshed: int
+    datadir: DataDir
+    rows: int
+    by_status: dict[int, int]
+    body_bytes: int
+    archive_bytes: int
+    archive_files: int
+
+    def text(self) -> str:
+        by_status = ", ".join(f"{s}: {n}" for s, n in self.by_status.items()) or "none"
+        return (
+            f"This run stored {self.stored} responses ({self.stored_bytes:,} bytes) and "
+            f"refreshed {self.refreshed}.\n"
+            f"Catalog {self.datadir.catalog_path}: {self.rows} rows ({by_status}), "
+            f"{self.body_bytes:,} bytes of bodies.\n"
+            f"Archive {self.datadir.archive_dir}: {self.archive_bytes / 1e6:.1f} MB in "
+            f"{self.archive_files} files. Action log: {self.datadir.action_log_path}"
+        )
+
+
+class StorageSession:
+    """A crawl's data directory, from :meth:`open` to :meth:`close`.
+
+    After :meth:`open`, ``lookup``, ``present``, ``put`` and ``touch`` are the methods
+    of the catalog and of the writer process themselves: the crawl calls them for
+    every request and response, and the session adds no call of its own.
+    """
+
+    def __init__(self, config: SessionConfig):
+        self.config = config
+        self.datadir = config.datadir
+        self.writer: WriterProcess | None = None
+        self.catalog: Catalog | CatalogWithSeen | None = None
+        self.log: ActionLog | None = None
+        self._lock = self.datadir.lock()
+
+    @classmethod
+    def reading(cls, datadir: DataDir) -> StorageSession:
+        """A session that only looks up and replays (open it with :meth:`open_readonly`)."""
+        return cls(SessionConfig(StoreConfig(datadir.root)))
+
+    # -- before open: nothing is stored ----------------------------------------------
+
+    def lookup(self, key: str) -> Row | None:
+        """The row of ``key`` (this catalog, then the seen ones), or None."""
+        return None
+
+    def present(self, keys: list[str]) -> set[str]:
+        """The stored ones among ``keys``, in one query."""
+        return set()
+
+    def put(self, fetch, action: dict | None = None) -> None:
+        """Store a fetch; ``action`` is its action-log line, written once it is stored."""
+        raise StoreError("the storage session is not open")
+
+    def touch(self, fetch, refers_to_date: str | None = None) -> None:
+        """Store a 304: validators and time refreshed, the body kept."""
+        raise StoreError("the storage session is not open")
+
+    # -- life cycle ------------------------------------------------------------------
+
+    def start_writer(self) -> None:
+        """Start the writer process now, so that it loads while the crawl starts up."""
+        if self.writer is None:
+            self.writer = WriterProcess(queue_bytes=self.config.queue_bytes)
+
+    def open(self) -> Recovery:
+        """Open everything a crawl writes with; raises StoreError, CatalogError or
+        OSError (what is open by then is released by :meth:`close`)."""
+        self.start_writer()
+        self._lock.acquire()
+        recovery = recover(self.datadir)
+        for repair in recovery.repairs:
+            logger.warning(
+                "Repaired %s left open by a killed run: %d records kept, %d bytes cut%s",
+                repair.path,
+                repair.records,
+                repair.cut_bytes,
+                f" (saved in {repair.cut_file})" if repair.cut_file else "",
+            )
+        if recovery.indexed_rows:
+            logger.warning("Indexed %d stored records the catalog lacked", recovery.indexed_rows)
+        Catalog(self.datadir.catalog_path).close()  # creates or migrates it
+        self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
+        self.log = ActionLog(self.datadir.action_log_path)
+        self.writer.open(self.config.store)
+        self.put = self.writer.put
+        self.touch = self.writer.touch
+        return recovery
+
+    def open_readonly(self) -> None:
+        """Open the catalog for lookups and replay only (no lock, no writer); raises
+        CatalogError when there is no usable catalog."""
+        self._open_catalog(self._readonly_catalog())
+
+    def _readonly_catalog(self) -> Catalog:
+        return Catalog(self.datadir.catalog_path, readonly=True)
+
+    def _open_catalog(self, catalog: Catalog | CatalogWithSeen) -> None:
+        self.catalog = catalog
+        self.lookup = catalog.get
+        self.present = catalog.present
+
+    def replay(self, row: Row) -> StoredRecord | None:
+        """The stored answer ``row`` points at; None (logged) when it cannot be read,
+        which callers treat as not stored."""
+        try:
+            return self.datadir.read(row)
+        except (ArchiveError, OSError, ValueError) as exc:
+            logger.warning("Stored copy of %s unreadable, treated as not stored: %s", row.url, exc)
+            return None
+
+    def close(self) -> dict | None:
+        """Drain and stop the writer, close the catalogs and the log, release the lock.
+
+        Returns the writer's summary (None when it never opened the store); raises
+        StoreError when the writer failed, with everything else released.
+        """
+        writer, self.writer = self.writer, None
+        for name in ("put", "touch", "lookup", "present"):
+            self.__dict__.pop(name, None)
+        try:
+            return writer.close() if writer is not None else None
+        finally:
+            if self.catalog is not None:
+                self.catalog.close()
+                self.catalog = None
+            if self.log is not None:
+                self.log.close()
+                self.log = None
+            self._lock.release()
+
+    def summary(self, stored: dict) -> EndSummary:
+        """The end-of-crawl summary, from the writer's summary and the catalog's totals."""
+        with Catalog(self.datadir.catalog_path, readonly=True) as catalog:
+            totals = catalog.summary()
+        archive_bytes, files = self.datadir.archive_bytes()
+        return EndSummary(
+            stored=stored["stored"],
+            stored_bytes=stored["bytes"],
+            refreshed=stored["refreshed"],
+            datadir=self.datadir,
+            rows=totals["rows"],
+            by_status=totals["by_status"],
+            body_bytes=totals["bytes"],
+            archive_bytes=archive_bytes,
+            archive_files=files,
+        )

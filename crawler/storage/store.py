@@ -1,0 +1,175 @@
+"""The store: archive + catalog written in the order that makes them crash-safe.
+
+:class:`Store` does the work in-process; the writer process
+(:mod:`crawler.storage.writer`) runs one, so that gzip, fsync and SQLite commits never
+run on the crawl's reactor thread and use another core.
+
+The ordering: a catalog row is committed only after the record it points at is
+flushed and fsynced (the batch writer's ``before_commit`` hook), and an archive file
+is renamed to its closed name only after the rows pointing into it are committed.
+:func:`recover` repairs what a killed run left open.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crawler.storage import formats
+from crawler.storage.actionlog import ActionLog
+from crawler.storage.batch import BatchWriter
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.formats.base import Repair
+from crawler.storage.records import Fetch, Row, Touch, header, warc_date
+
+
+@dataclass
+class StoreConfig:
+    data_dir: Path
+    prefix: str = "crawl"
+    rollover_bytes: int = 1_000_000_000
+    gzip_level: int = 1
+    compressor: str = "isal"
+    batch_size: int = 200
+    flush_seconds: float = 5.0
+    rollover_seconds: float = 0.0
+    format: str = formats.DEFAULT  # a name in crawler.storage.formats.FORMATS
+
+    def __post_init__(self) -> None:
+        self.data_dir = Path(self.data_dir)
+
+    @property
+    def datadir(self) -> DataDir:
+        return DataDir(self.data_dir)
+
+
+@dataclass
+class Recovery:
+    repairs: list[Repair] = field(default_factory=list)
+    indexed_rows: int = 0
+
+
+def recover(datadir: DataDir) -> Recovery:
+    """Repair archives left open by a killed run and index what the catalog lacks.
+
+    Call it with the data directory locked and no writer running.
+    """
+    result = Recovery()
+    open_files = datadir.open_archives()
+    if not open_files:
+        return result
+    with Catalog(datadir.catalog_path) as catalog:
+        for path in open_files:
+            repair = formats.for_path(path).repair(path, datadir.root)
+            result.repairs.append(repair)
+            result.indexed_rows += index_missing(
+                catalog, repair.indexed.rows, repair.indexed.touches
+            )
+    return result
+
+
+def index_missing(catalog: Catalog, rows: list[Row], touches: list[Touch]) -> int:
+    """UPSERT rows the catalog lacks or holds an older fetch of; apply newer 304s."""
+    added = 0
+    with catalog.writer(batch_size=1000) as batch:
+        for row in rows:
+            have = catalog.get(row.key)
+            if have is None or have.fetched_at < row.fetched_at:
+                batch.upsert(row)
+                added += 1
+        for key, etag, last_modified, fetched_at in touches:
+            have = catalog.get(key)
+            if have is not None and have.fetched_at < fetched_at:
+                batch.touch(key, etag, last_modified, fetched_at)
+    return added
+
+
+class Store:
+    """Writes fetches to the archive and their rows to the catalog, in that order."""
+
+    def __init__(self, config: StoreConfig):
+        self.config = config
+        self.datadir = datadir = config.datadir
+        self.catalog = Catalog(datadir.catalog_path)
+        self.archive = formats.get(config.format).writer(
+            datadir.archive_dir,
+            datadir.root,
+            prefix=config.prefix,
+            rollover_bytes=config.rollover_bytes,
+            rollover_seconds=config.rollover_seconds,
+            gzip_level=config.gzip_level,
+            compressor=config.compressor,
+        )
+        self.batch = BatchWriter(
+            self.catalog,
+            batch_size=config.batch_size,
+            flush_seconds=config.flush_seconds,
+            before_commit=self.archive.flush,
+        )
+        self.stored = 0
+        self.refreshed = 0
+        self.bytes = 0
+        self._log: ActionLog | None = None
+
+    def put(self, fetch: Fetch, action: dict | None = None) -> Row:
+        """Store a fetch; ``action``: its action-log line (ActionLog.write's arguments),
+        written here once the records are, to spare the crawl's thread the work."""
+        row = self.archive.write_fetch(fetch)
+        if action is not None:
+            if self._log is None:
+                self._log = ActionLog(self.datadir.action_log_path)
+            self._log.write(**action)
+        self.batch.upsert(row)
+        self.stored += 1
+        self.bytes += row.bytes
+        self._maybe_roll()
+        return row
+
+    def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
+        """A 304: refresh validators and time; no new body."""
+        self.archive.write_revisit(fetch, refers_to_date)
+        self.batch.touch(
+            fetch.key,
+            header(fetch.response_headers, "ETag"),
+            header(fetch.response_headers, "Last-Modified"),
+            warc_date(fetch.fetched_at),
+        )
+        self.refreshed += 1
+        self._maybe_roll()
+
+    def _maybe_roll(self) -> None:
+        if self.archive.needs_rollover():
+            self.batch.flush()
+            self.archive.close()
+
+    def tick(self) -> None:
+        """Commit a batch whose time is up, and roll over a file whose time is up
+        (call it whenever idle: it costs nothing when there is nothing to do)."""
+        if self.batch.due() or not self.batch.pending:
+            # With nothing pending this only restarts the clock: the first row after
+            # a pause waits at most CATALOG_FLUSH_SECONDS for its commit.
+            self.batch.flush()
+        self._maybe_roll()
+
+    def abandon(self) -> None:
+        """Drop everything as a kill leaves it, for crash tests: the records written so
+        far reach the file, which stays ``.open``; pending rows are never committed."""
+        self.archive.abandon()
+        self.catalog.close()
+        if self._log is not None:
+            self._log.close()
+
+    def close(self) -> dict:
+        self.batch.flush()
+        self.archive.close()
+        self.catalog.close()
+        if self._log is not None:
+            self._log.close()
+        return {
+            "stored": self.stored,
+            "refreshed": self.refreshed,
+            "bytes": self.bytes,
+            "rows_committed": self.batch.committed,
+            "archives": [str(p) for p in self.archive.closed_files],
+        }

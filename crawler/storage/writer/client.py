@@ -1,0 +1,191 @@
+"""The crawl's side of the archive writer process.
+
+:class:`WriterProcess` starts ``python -m crawler.storage.writer.server`` and sends it
+fetches through a pipe and a ring of shared memory (:mod:`~crawler.storage.writer.wire`),
+so that compression, fsync and SQLite commits never run on the crawl's thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from crawler.storage.errors import StoreError
+from crawler.storage.records import Fetch
+from crawler.storage.store import StoreConfig
+from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame
+
+CHECK_EVERY = 64
+# The folder holding the ``crawler`` package, for the writer process's import path.
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[3])
+F_SETPIPE_SZ = 1031  # Linux; not exported by the fcntl module before Python 3.10 on all builds
+SERVER = "crawler.storage.writer.server"
+
+
+class WriterProcess:
+    """A :class:`Store` in a child process, fed through a bounded pipe.
+
+    The process starts at construction and loads its modules while the crawl starts
+    up; :meth:`open` (or a ``config`` given here) makes it open the store, once the
+    data directory is recovered. Bodies cross in a shared ring of ``queue_bytes``
+    and, when it is full, in the pipe (as large): ``put`` blocks when both are full.
+    That is the backpressure that keeps memory bounded when the disk is slower than
+    the network.
+    """
+
+    def __init__(self, config: StoreConfig | None = None, queue_bytes: int = 1 << 20):
+        data_read, self._fd = os.pipe()
+        reply_read, reply_write = os.pipe()
+        # Past the system's limit the default pipe size still works.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._fd, F_SETPIPE_SZ, queue_bytes)
+        self._ring = BodyRing.create(queue_bytes)
+        self._ring_sent = 0
+        ring_args = [str(self._ring.fd), str(self._ring.size)] if self._ring else []
+        # A plain interpreter, not multiprocessing's spawn: that one re-imports the
+        # crawl's main script (Scrapy and Twisted) in the child, which would then be
+        # ready long after the crawl is.
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PROJECT_ROOT, env.get("PYTHONPATH")]))
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", SERVER, str(data_read), str(reply_write)] + ring_args,
+                pass_fds=(data_read, reply_write, *([self._ring.fd] if self._ring else [])),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except BaseException:
+            os.close(self._fd)
+            os.close(reply_read)
+            if self._ring is not None:
+                self._ring.close()
+            raise
+        finally:
+            os.close(data_read)
+            os.close(reply_write)
+        self._replies = FrameReader(reply_read)
+        self.error: str | None = None
+        self.summary: dict | None = None
+        self.opened = False
+        self._sent = 0
+        if config is not None:
+            self.open(config)
+
+    def open(self, config: StoreConfig, timeout: float = 120) -> None:
+        """Have the process open the store; raises :class:`StoreError` if it cannot."""
+        try:
+            send_frame(self._fd, ("open", config))
+        except OSError:
+            self._check()
+            raise StoreError("the archive writer process exited before it started") from None
+        if not readable(self._replies.fd, timeout):
+            self._proc.kill()
+            raise StoreError(f"the archive writer process did not start within {timeout:.0f} s")
+        try:
+            kind, payload = self._replies.recv()
+        except EOFError:
+            kind, payload = "error", "the archive writer process exited before it started"
+        if kind == "error":
+            self.error = payload
+            self._end()
+            raise StoreError(payload)
+        self.opened = True
+
+    def _check(self) -> None:
+        if self.error is None and readable(self._replies.fd):
+            try:
+                kind, payload = self._replies.recv()
+            except EOFError:
+                kind, payload = "error", "the archive writer process exited unexpectedly"
+            if kind == "error":
+                self.error = payload
+        if self.error is not None:
+            raise StoreError(self.error)
+
+    def _send_msg(self, msg) -> None:
+        # An error is looked for every CHECK_EVERY messages (a poll is a system call);
+        # a writer that died meanwhile makes the send itself fail.
+        self._sent += 1
+        if self._sent % CHECK_EVERY == 0 or self.error is not None:
+            self._check()
+        try:
+            send_frame(self._fd, msg, self._ring)
+        except (BrokenPipeError, OSError):
+            self._check()
+            raise StoreError(
+                self.error or "the archive writer process exited unexpectedly"
+            ) from None
+
+    def put(self, fetch: Fetch, action: dict | None = None) -> None:
+        self._send_msg(("put", fetch, action))
+
+    def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
+        self._send_msg(("touch", fetch, refers_to_date))
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    @property
+    def ring_bytes(self) -> int:
+        """Bytes of bodies sent through the shared ring so far (0 without a ring)."""
+        return self._ring.head if self._ring is not None else self._ring_sent
+
+    def abandon(self) -> None:
+        """What the writer sees when the crawl is killed, for crash tests: its pipes
+        close unannounced, and it commits what reached it and exits (waited for here)."""
+        if self._fd is None:
+            return
+        self.summary = {}
+        self._end()
+
+    def close(self, timeout: float = 600) -> dict | None:
+        """Drain the queue, commit, close the archive; returns the writer's summary.
+
+        A process that never opened the store is just ended (None).
+        """
+        if self.summary is not None or self._fd is None:
+            return self.summary
+        if not self.opened:
+            self._end()
+            return None
+        try:
+            if self.error is None:
+                send_frame(self._fd, ("close",))
+            while readable(self._replies.fd, timeout):
+                kind, payload = self._replies.recv()
+                if kind == "closed":
+                    self.summary = payload
+                    break
+                if kind == "error":
+                    self.error = payload
+                    break
+        except (EOFError, BrokenPipeError, OSError):
+            pass
+        finally:
+            self._end()
+        if self.summary is None:
+            raise StoreError(self.error or "the archive writer process did not finish")
+        return self.summary
+
+    def _end(self) -> None:
+        """Close the pipes; the process, seeing the end of its input, exits."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._replies.fd is not None:
+            os.close(self._replies.fd)
+            self._replies.fd = None
+        if self._ring is not None:
+            self._ring_sent = self._ring.head
+            self._ring.close()
+            self._ring = None
+        try:
+            self._proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()

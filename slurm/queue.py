@@ -1,0 +1,156 @@
+"""A Slurm task in queue mode: its crawl processes take batches from the hub's work
+queue, one after another, until every URL of the queue is done.
+
+Each crawl process k loops: lease a batch of ``--batch`` URLs from the hub's work
+queue (:mod:`crawler.hub.workqueue`), write it to ``STAGE/p<k>/batch.txt``, crawl it (no
+shard), ship, and mark the batch done only once shipped; the lease is renewed while
+the crawl runs (``WORK_LEASE_TTL``). A process that finds nothing to lease waits while
+other holders' leases are live (a dead holder's batch is taken over when its lease
+expires) and stops when every item is done. A batch whose crawl stopped early or
+failed is given back to the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
+from slurm.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_INTERRUPTED, TaskConfig, TaskRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Slot:
+    """Crawl process k of a queue-mode task: the batch it crawls, if any."""
+
+    k: int
+    proc: subprocess.Popen | None = None
+    batch: WorkBatch | None = None
+    drained: bool = False  # nothing left to lease: every item is done
+
+
+class QueueTaskRunner(TaskRunner):
+    """A task that takes its URLs from the hub's work queue, batch after batch."""
+
+    def __init__(self, config: TaskConfig, queue: WorkQueue, holder: Holder):
+        super().__init__(config)
+        self.queue = queue
+        self.holder = holder
+        self.slots = [Slot(k) for k in range(config.procs)]
+        self.stopping = False
+        self.failed = False
+        self.renew_every = max(min(config.lease_ttl / 3, 60.0), 0.5)
+        self.poll_every = max(min(config.lease_ttl / 4, 10.0), 0.5)
+
+    def _on_signal(self, signum, frame) -> None:
+        super()._on_signal(signum, frame)
+        self.stopping = True  # USR1 or TERM: lease nothing more
+
+    def run(self) -> int:
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        now = time.monotonic()
+        next_ship, next_renew, next_poll = now + self.config.ship_every, now, now
+        while True:
+            self._forward()
+            for slot in self.slots:
+                if slot.proc is not None and slot.proc.poll() is not None:
+                    self._finish(slot)
+                    next_poll = 0.0  # take the next batch at once
+            ending = self.stopping or self.failed
+            if not any(s.proc for s in self.slots) and (
+                ending or all(s.drained for s in self.slots)
+            ):
+                break
+            idle = [s for s in self.slots if s.proc is None and not s.drained]
+            if idle and not ending and time.monotonic() >= next_poll:
+                for slot in idle:
+                    self._lease(slot)
+                next_poll = time.monotonic() + self.poll_every
+            if time.monotonic() >= next_renew:
+                self._renew()
+                next_renew = time.monotonic() + self.renew_every
+            if time.monotonic() >= next_ship:
+                self.ship()
+                next_ship = time.monotonic() + self.config.ship_every
+            time.sleep(0.2)
+        shipped = self.ship()
+        if self.failed or not shipped:
+            return EXIT_FAILED
+        return EXIT_FINISHED if all(s.drained for s in self.slots) else EXIT_INTERRUPTED
+
+    def _lease(self, slot: Slot) -> None:
+        try:
+            batch = self.queue.lease(f"{self.holder}/p{slot.k}", self.config.batch,
+                                     self.config.lease_ttl)  # fmt: skip
+            if batch is None:
+                progress = self.queue.progress()
+                slot.drained = progress.pending == 0 and progress.leased + progress.expired == 0
+                if not slot.drained:
+                    logger.debug("Queue %s: %s; waiting", self.queue.name, progress.line())
+                return
+        except Exception as exc:  # the hub: log, try again at the next poll
+            logger.error("Leasing from queue %s failed: %s", self.queue.name, exc, exc_info=True)
+            return
+        local = self.config.stage / f"p{slot.k}"
+        local.mkdir(parents=True, exist_ok=True)
+        batch_file = local / "batch.txt"
+        batch_file.write_text("".join(f"{url}\n" for url in batch.urls), encoding="utf-8")
+        slot.batch = batch
+        slot.proc = self.start_crawl(slot.k, self.config.command(slot.k, batch_file))
+        logger.info(
+            "Crawl p%d (pid %d): batch %d of queue %s, %d URLs%s",
+            slot.k, slot.proc.pid, batch.lease_id, batch.queue, len(batch.urls),
+            f" (taken over from expired lease {batch.taken_over})" if batch.taken_over else "",
+        )  # fmt: skip
+
+    def _finish(self, slot: Slot) -> None:
+        code, batch = slot.proc.returncode, slot.batch
+        slot.proc = slot.batch = None
+        try:
+            done = self.shippers[slot.k].ship()
+        except Exception as exc:
+            logger.error("Shipping p%d failed: %s", slot.k, exc, exc_info=True)
+            done = None
+        complete = code == EXIT_FINISHED and done is not None and done.held_back == 0
+        try:
+            ok = self.queue.done(batch) if complete else self.queue.release(batch)
+        except Exception as exc:  # its lease expires and another task takes it over
+            logger.error("Ending batch %d failed: %s", batch.lease_id, exc, exc_info=True)
+            ok = False
+        logger.info(
+            "Crawl p%d exit status %s: batch %d %s%s", slot.k, code, batch.lease_id,
+            "done" if complete else "given back", "" if ok else " (lease lost before)",
+        )  # fmt: skip
+        if code not in (EXIT_FINISHED, EXIT_INTERRUPTED) and code >= 0 or done is None:
+            self.failed = True
+
+    def _renew(self) -> None:
+        for slot in self.slots:
+            if slot.batch is None:
+                continue
+            try:
+                if not self.queue.renew(slot.batch, self.config.lease_ttl):
+                    logger.warning("Lease of batch %d was lost (expired and taken over)",
+                                   slot.batch.lease_id)  # fmt: skip
+            except Exception as exc:
+                logger.error("Renewing batch %d failed: %s", slot.batch.lease_id, exc)
+
+
+def run_queue(config: TaskConfig) -> int:
+    hub_url = os.environ.get("HUB_URL", "")
+    if not hub_url:
+        logger.error("--queue needs HUB_URL (postgresql://...) in the environment")
+        return EXIT_FAILED
+    with Hub.open(hub_url) as hub:
+        queue = WorkQueue(hub, config.queue, create=False)
+        logger.info("Queue %s in %s: %s", queue.name, hub.label, queue.progress().line())
+        status = QueueTaskRunner(config, queue, Holder.current()).run()
+        logger.info("Queue %s: %s", queue.name, queue.progress().line())
+    return status

@@ -1,0 +1,230 @@
+"""The storage side's Scrapy components, each built from ``get_crawler`` as Scrapy's own
+tests build theirs, over real data directories."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from scrapy import Request, Spider
+from scrapy.exceptions import NotConfigured
+from scrapy.http import HtmlResponse
+from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.test import get_crawler
+
+from crawler.storage.datadir import DataDir
+from crawler.storage.keys import request_key
+from crawler.storage.store import Store, StoreConfig
+from extensions.archive_cache import ArchiveCacheStorage
+from extensions.dupefilter import SpillingDupeFilter
+from extensions.progress import ProgressExtension
+from middlewares.archive import CACHED_FLAG, ArchiveMiddleware, CachedRequest
+from tests.checks import actions, catalog_rows
+from tests.conftest import project_settings
+from tests.factories import listed_body, listed_fetch
+
+
+@pytest.fixture
+def stored(data_dir) -> DataDir:
+    """A data directory holding pages 0-2 (``tests.factories.listed_fetch``)."""
+    store = Store(StoreConfig(data_dir=data_dir))
+    for n in range(3):
+        store.put(listed_fetch(n))
+    store.close()
+    return DataDir(data_dir)
+
+
+def archive_middleware(data_dir, **settings) -> tuple[ArchiveMiddleware, Spider]:
+    crawler = get_crawler(Spider, project_settings(data_dir, **settings))
+    spider = Spider.from_crawler(crawler, name="t")
+    mw = ArchiveMiddleware.from_crawler(crawler)
+    mw.spider_opened(spider)
+    return mw, spider
+
+
+def page(url: str, body: bytes, request: Request, status: int = 200, **headers) -> HtmlResponse:
+    return HtmlResponse(url, status=status, body=body, headers=headers, request=request)
+
+
+# -- ArchiveMiddleware ----------------------------------------------------------------------
+
+
+def test_archive_middleware_stores_final_answers_and_logs_the_rest(data_dir):
+    mw, spider = archive_middleware(data_dir)
+    ok = Request("http://example.org/ok")
+    failed = Request("http://example.org/failed")
+    for request in (ok, failed):
+        assert mw.process_request(request) is None  # nothing stored: sent
+    answer = page(ok.url, b"<html>ok</html>", ok, ETag='"v1"')
+    assert mw.process_response(ok, answer) is answer
+    mw.process_response(failed, page(failed.url, b"oops", failed, status=500))
+    mw.spider_closed(spider, "finished")
+
+    stats = mw.crawler.stats
+    assert stats.get_value("archive/stored") == 1
+    assert stats.get_value("catalog/rows_committed") == 1
+    (row,) = catalog_rows(data_dir).values()
+    assert (row.key, row.url, row.etag) == (request_key(ok.url), ok.url, '"v1"')
+    assert DataDir(data_dir).read(row).body == b"<html>ok</html>"
+    outcomes = {(a["url"], a["outcome"], a["status"]) for a in actions(data_dir)}
+    assert outcomes == {(ok.url, "ok", 200), (failed.url, "error", 500)}
+
+
+def test_archive_middleware_drops_or_replays_what_is_stored(stored):
+    mw, spider = archive_middleware(stored.root)
+    url = "http://example.org/page/1"
+    with pytest.raises(CachedRequest):
+        mw.process_request(Request(url))
+    replayed = mw.process_request(Request(url, meta={"catalog_replay": True}))
+    assert isinstance(replayed, HtmlResponse) and CACHED_FLAG in replayed.flags
+    assert replayed.body == listed_body(1)
+    start = [Request(f"http://example.org/page/{n}") for n in range(2, 5)]
+    assert [r.url for r in mw.filter_start(start)] == [
+        "http://example.org/page/3",
+        "http://example.org/page/4",
+    ]
+    mw.spider_closed(spider, "finished")
+    stats = mw.crawler.stats
+    assert stats.get_value("catalog/cache_hits") == 3
+    assert stats.get_value("archive/replayed") == 1
+    hits = [a["url"] for a in actions(stored.root) if a["outcome"] == "cache_hit"]
+    assert sorted(hits) == [url, url, "http://example.org/page/2"]
+
+
+def test_archive_middleware_revalidates_and_refreshes_on_304(stored):
+    # A row without validators cannot be revalidated: the page is fetched again.
+    mw, spider = archive_middleware(stored.root)
+    key = request_key("http://example.org/page/0")
+    assert catalog_rows(stored.root)[key].etag is None
+    request = Request("http://example.org/page/0", meta={"catalog_revalidate": True})
+    assert mw.process_request(request) is None
+    assert b"If-None-Match" not in request.headers and "catalog_revalidating" not in request.meta
+    mw.spider_closed(spider, "finished")
+
+    # Give the row validators, then revalidate: a 304 refreshes the row, keeps the body.
+    store = Store(StoreConfig(data_dir=stored.root))
+    store.put(listed_fetch(0, response_headers=[("ETag", '"e0"')]))
+    store.close()
+    before = catalog_rows(stored.root)[key]
+    mw, spider = archive_middleware(stored.root)
+    request = Request("http://example.org/page/0", meta={"catalog_revalidate": True})
+    assert mw.process_request(request) is None
+    assert request.headers[b"If-None-Match"] == b'"e0"'
+    mw.process_response(request, page(request.url, b"", request, status=304, ETag='"e1"'))
+    mw.spider_closed(spider, "finished")
+    after = catalog_rows(stored.root)[key]
+    assert after.etag == '"e1"' and after.fetched_at > before.fetched_at
+    assert stored.read(after).body == listed_body(0)
+    assert mw.crawler.stats.get_value("catalog/not_modified") == 1
+
+
+def test_archive_middleware_is_off_with_archive_enabled_off(data_dir):
+    crawler = get_crawler(Spider, project_settings(data_dir, ARCHIVE_ENABLED=False))
+    with pytest.raises(NotConfigured, match="ARCHIVE_ENABLED"):
+        ArchiveMiddleware.from_crawler(crawler)
+
+
+# -- ArchiveCacheStorage --------------------------------------------------------------------
+
+
+def test_archive_cache_storage_answers_stored_requests_only(stored):
+    crawler = get_crawler(Spider, project_settings(stored.root))
+    spider = Spider.from_crawler(crawler, name="t")
+    storage = ArchiveCacheStorage(crawler.settings)
+    storage.open_spider(spider)
+    hit = storage.retrieve_response(spider, Request("http://example.org/page/2"))
+    miss = storage.retrieve_response(spider, Request("http://example.org/page/9"))
+    storage.close_spider(spider)
+    assert hit.body == listed_body(2) and hit.status == 200 and hit.url.endswith("/page/2")
+    assert miss is None
+    assert crawler.stats.get_value("httpcache/archive_hit") == 1
+    assert crawler.stats.get_value("httpcache/archive_miss") == 1
+
+
+def test_archive_cache_storage_treats_an_unreadable_record_as_a_miss(stored):
+    row = catalog_rows(stored.root)[request_key("http://example.org/page/1")]
+    with open(stored.resolve(row.archive), "r+b") as f:
+        f.seek(row.offset + 10)
+        f.write(b"\xff" * 20)
+    crawler = get_crawler(Spider, project_settings(stored.root))
+    spider = Spider.from_crawler(crawler, name="t")
+    storage = ArchiveCacheStorage(crawler.settings)
+    storage.open_spider(spider)
+    assert storage.retrieve_response(spider, Request("http://example.org/page/1")) is None
+    storage.close_spider(spider)
+    assert crawler.stats.get_value("httpcache/archive_read_errors") == 1
+
+
+# -- ProgressExtension ----------------------------------------------------------------------
+
+
+def test_progress_line_counts_the_list(caplog):
+    crawler = get_crawler(Spider, {"PROGRESS_INTERVAL": 5})
+    extension = ProgressExtension.from_crawler(crawler)
+    for name, value in {
+        "progress/list_total": 200,
+        "progress/list_done": 50,
+        "catalog/cache_hits": 30,
+        "actions/ok": 20,
+        "actions/error": 3,
+        "actions/retry": 1,
+    }.items():
+        crawler.stats.set_value(name, value)
+    with caplog.at_level(logging.INFO, logger="extensions.progress"):
+        extension.log()
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("Progress: list 50/200 (25.0%), ")
+    assert "30 cache hits, 3 errors, 1 retries, ETA" in line
+
+
+def test_progress_is_off_at_interval_zero():
+    with pytest.raises(NotConfigured, match="PROGRESS_INTERVAL"):
+        ProgressExtension.from_crawler(get_crawler(Spider, {"PROGRESS_INTERVAL": 0}))
+
+
+# -- SpillingDupeFilter ---------------------------------------------------------------------
+
+
+def test_dupefilter_reads_its_settings_and_spills():
+    crawler = get_crawler(Spider, {"DUPEFILTER_MEMORY_FINGERPRINTS": 3})
+    dupes = SpillingDupeFilter.from_crawler(crawler)
+    urls = [f"http://example.org/{n}" for n in range(10)]
+    assert not any(dupes.request_seen(Request(u)) for u in urls)
+    assert dupes.in_memory < 3 and dupes.spilled >= 7
+    assert all(dupes.request_seen(Request(u)) for u in urls)
+    dupes.close("finished")
+
+
+# -- ResumeSpiderMiddleware -----------------------------------------------------------------
+
+
+class ListSpider(Spider):
+    name = "list"
+
+    def __init__(self, urls, **kwargs):
+        super().__init__(**kwargs)
+        self.urls = urls
+        self.parsed: list[str] = []
+
+    async def start(self):
+        for url in self.urls:
+            yield Request(url)
+
+    def parse(self, response):
+        self.parsed.append(response.url)
+
+
+@deferred_f_from_coro_f
+async def test_resume_drops_stored_start_requests_before_the_scheduler(site, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(40, 50)]
+    store = Store(StoreConfig(data_dir=data_dir))
+    for url in urls[:6]:
+        store.put(listed_fetch(0, url))
+    store.close()
+    site.reset_counts()
+    crawler = get_crawler(ListSpider, project_settings(data_dir))
+    await crawler.crawl_async(urls=urls)
+    assert sorted(crawler.spider.parsed) == sorted(urls[6:])
+    assert all(site.counts[f"/page/{n}.html"] == 0 for n in range(40, 46))
+    assert crawler.stats.get_value("catalog/cache_hits") == 6
+    assert crawler.stats.get_value("scheduler/enqueued") == 4  # the stored six never were
