@@ -7,6 +7,7 @@
     scrapy catalog export --format parquet|csv [-o FILE]
     scrapy catalog index [-o OUT.cdxj]
     scrapy catalog wacz OUT.wacz
+    scrapy catalog report [-o report.html] [--watch SECONDS]
 
 Exit status: 0 on success, 1 when verify found problems (or rebuild skipped unreadable
 records), 2 for bad arguments.
@@ -14,6 +15,7 @@ records), 2 for bad arguments.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from crawler import catalog_tools as tools
 from crawler.catalog import CatalogError
 from crawler.store import DataDirLock, StoreError
 
-ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz")
+ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz", "report")
 
 
 def _print(lines) -> None:
@@ -37,7 +39,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
-        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz"
+        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz|report [-o report.html] [--watch SECONDS]"
 
     def short_desc(self) -> str:
         return "Inspect, check, rebuild, merge and export the catalog; CDXJ index and WACZ"
@@ -62,6 +64,7 @@ class Command(ScrapyCommand):
             "--format", choices=tools.EXPORT_FORMATS, default="parquet", help="export format"
         )
         parser.add_argument("--title", help="wacz: the collection's title")
+        parser.add_argument("--watch", type=float, metavar="SECONDS", help="report: rewrite it")
 
     def run(self, args, opts) -> None:
         if not args or args[0] not in ACTIONS:
@@ -130,4 +133,21 @@ class Command(ScrapyCommand):
             raise UsageError("give the WACZ file to write: scrapy catalog wacz OUT.wacz")
         path = tools.WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
         print(f"wrote {path}")
+        return 0
+
+    def do_report(self, rest, opts) -> int:
+        from crawler import report
+
+        output = Path(opts.output or "report.html")
+        hub_url = self.settings.get("HUB_URL") or os.environ.get("HUB_URL")
+        shown = report.report_settings(self.settings.copy_to_dict().items())
+        builder = report.ReportBuilder(self.data_dir, hub_url, shown)
+        try:
+            if opts.watch:
+                return report.watch(builder, output, opts.watch)
+            builder.write(output)
+        except report.ReportError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {output}")
         return 0

@@ -1,0 +1,218 @@
+"""Streaming aggregation of an action log into time bins and counters.
+
+A log of ten million lines is read one line at a time into a bounded summary: lines
+are counted into time bins whose width doubles (neighbouring bins merged) whenever
+there would be more than ``MAX_BINS`` of them, so memory depends on the number of
+hosts, proxies and error kinds, never on the number of lines. Plots are drawn from
+these bins, not from the lines.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
+FAILED = frozenset({"retry", "error"})
+MAX_BINS = 2048
+# Index of each outcome in a bin's list; the last slot holds the bytes of "ok" lines.
+_SLOT = {name: i for i, name in enumerate(OUTCOMES)}
+_BYTES = len(OUTCOMES)
+
+
+class LogFormatError(ValueError):
+    """An action-log line is not a JSON object with a ``ts``."""
+
+
+def error_kind(error: str | None, status: int | None) -> str:
+    """A short name for a failure: the exception's name, or the HTTP status."""
+    if error:
+        head = error.split(":", 1)[0].strip()
+        return head[:60] or "error"
+    return f"HTTP {status}" if status else "unknown"
+
+
+def host_of(url: str) -> str:
+    try:
+        return urlsplit(url).hostname or "(none)"
+    except ValueError:
+        return "(bad url)"
+
+
+@dataclass
+class LogStats:
+    """What one action log (or several merged) says, in bounded memory."""
+
+    width: int = 1  # seconds per bin
+    bins: dict[int, list[float]] = field(default_factory=dict)
+    lines: int = 0
+    bad_lines: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    ok_bytes: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+    host_errors: defaultdict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    proxy_outcomes: defaultdict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    first_problem: str | None = None
+
+    def add(self, ts: float, outcome: str, nbytes: int) -> None:
+        key = int(ts) // self.width
+        slots = self.bins.get(key)
+        if slots is None:
+            if len(self.bins) >= MAX_BINS:
+                self._coarsen()
+                key = int(ts) // self.width
+                slots = self.bins.get(key)
+            if slots is None:
+                slots = self.bins[key] = [0] * (len(OUTCOMES) + 1)
+        slot = _SLOT.get(outcome)
+        if slot is not None:
+            slots[slot] += 1
+        if outcome == "ok":
+            slots[_BYTES] += nbytes
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
+    def _coarsen(self) -> None:
+        """Double the bin width, merging pairs of bins."""
+        merged: dict[int, list[float]] = {}
+        for key, slots in self.bins.items():
+            into = merged.get(key // 2)
+            if into is None:
+                merged[key // 2] = slots
+            else:
+                for i, value in enumerate(slots):
+                    into[i] += value
+        self.bins = merged
+        self.width *= 2
+
+    def series(self, target_points: int = 300) -> tuple[int, list[tuple[float, list[float]]]]:
+        """(bin seconds, [(bin start epoch, slots)]) with at most ~target_points bins.
+
+        Empty bins inside the span are included as zeros so that a stall shows as a dip.
+        """
+        if not self.bins:
+            return self.width, []
+        lo, hi = min(self.bins), max(self.bins)
+        factor = 1
+        while (hi - lo) // factor + 1 > target_points:
+            factor *= 2
+        grouped: dict[int, list[float]] = {}
+        for key, slots in self.bins.items():
+            into = grouped.setdefault(key // factor, [0] * len(slots))
+            for i, value in enumerate(slots):
+                into[i] += value
+        width = self.width * factor
+        first, last = min(grouped), max(grouped)
+        empty = [0] * (len(OUTCOMES) + 1)
+        return width, [(k * width, grouped.get(k, empty)) for k in range(first, last + 1)]
+
+    @property
+    def pages(self) -> int:
+        """Responses fetched and stored or counted as final (outcome ``ok``)."""
+        return self.outcomes["ok"]
+
+    @property
+    def span_seconds(self) -> float:
+        if self.first_ts is None or self.last_ts is None:
+            return 0.0
+        return self.last_ts - self.first_ts
+
+    def merge(self, other: LogStats) -> None:
+        """Add another log's counts (for the total over several tasks)."""
+        while self.width < other.width:
+            self._coarsen()
+        for key, slots in other.bins.items():
+            into = self._bin_at(key * other.width)
+            for i, value in enumerate(slots):
+                into[i] += value
+        self.lines += other.lines
+        self.bad_lines += other.bad_lines
+        self.outcomes.update(other.outcomes)
+        self.ok_bytes += other.ok_bytes
+        for ts in (other.first_ts, other.last_ts):
+            if ts is not None:
+                self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
+                self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
+        for host, kinds in other.host_errors.items():
+            self.host_errors[host].update(kinds)
+        for proxy, counts in other.proxy_outcomes.items():
+            self.proxy_outcomes[proxy].update(counts)
+        self.first_problem = self.first_problem or other.first_problem
+
+    def _bin_at(self, ts: float) -> list[float]:
+        key = int(ts) // self.width
+        if key not in self.bins and len(self.bins) >= MAX_BINS:
+            self._coarsen()
+            key = int(ts) // self.width
+        return self.bins.setdefault(key, [0] * (len(OUTCOMES) + 1))
+
+
+class _Clock:
+    """ISO 8601 timestamps to epoch seconds, caching per second (lines share seconds)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, int] = {}
+
+    def epoch(self, ts: str) -> float:
+        second = ts[:19]
+        base = self._cache.get(second)
+        if base is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            y, mo, d = int(ts[0:4]), int(ts[5:7]), int(ts[8:10])
+            h, mi, s = int(ts[11:13]), int(ts[14:16]), int(ts[17:19])
+            base = self._cache[second] = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+        frac = ts[19:20] == "." and ts[20:23]
+        return base + (int(frac) / 10 ** len(frac) if frac and frac.isdigit() else 0.0)
+
+
+def read_action_log(path: Path, stats: LogStats | None = None) -> LogStats:
+    """Read *path* line by line into *stats* (a new one by default).
+
+    A line that is not JSON (a line cut short by a kill, say) is counted in
+    ``bad_lines`` and the first one is remembered as ``file:line: reason``.
+    """
+    stats = stats if stats is not None else LogStats()
+    clock = _Clock()
+    loads = json.loads
+    outcomes = stats.outcomes
+    with open(path, "rb") as lines:
+        for number, raw in enumerate(lines, 1):
+            try:
+                entry = loads(raw)
+                ts = clock.epoch(entry["ts"])
+            except (ValueError, KeyError, TypeError) as exc:
+                if raw.strip():
+                    stats.bad_lines += 1
+                    if stats.first_problem is None:
+                        stats.first_problem = f"{path}:{number}: {type(exc).__name__}: {exc}"
+                continue
+            stats.lines += 1
+            outcome = entry.get("outcome") or "unknown"
+            outcomes[outcome] += 1
+            nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
+            stats.ok_bytes += nbytes
+            stats.add(ts, outcome, nbytes)
+            if outcome in FAILED:
+                kind = error_kind(entry.get("error"), entry.get("status"))
+                stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
+            proxy = entry.get("proxy")
+            if proxy:
+                stats.proxy_outcomes[proxy][outcome] += 1
+    if stats.bad_lines:
+        logger.warning("%d unreadable lines, first %s", stats.bad_lines, stats.first_problem)
+    return stats
