@@ -20,6 +20,7 @@ import pytest
 
 from crawler.hub import Hub, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
+from crawler.report import logread
 from crawler.report.logread import MAX_BINS, LogStats, read_action_log
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.proxy_servers import proxy_pool  # noqa: F401
@@ -406,3 +407,17 @@ def test_bins_stay_bounded_and_counts_survive(tmp_path):
     merged.merge(stats)
     assert merged.outcomes["ok"] == 36_000
     assert sum(slots[0] for _, slots in merged.series(300)[1]) == 36_000
+
+
+def test_hosts_are_bounded_and_the_top_ones_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(logread, "MAX_HOSTS", 10)
+    log = tmp_path / "fetch_log.jsonl"
+    with log.open("w") as out:
+        for i in range(200):
+            host = "worst.test" if i % 4 == 0 else f"h{i}.test"
+            entry = {"ts": "2026-01-01T00:00:00.000Z", "url": f"http://{host}/", "outcome": "error",
+                     "status": None, "error": "TimeoutError: slow"}  # fmt: skip
+            out.write(json.dumps(entry) + "\n")
+    stats = read_action_log(log)
+    assert len(stats.host_errors) <= 10 and stats.hosts_dropped > 0
+    assert stats.host_errors["worst.test"] == Counter(TimeoutError=50)

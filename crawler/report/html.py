@@ -113,15 +113,17 @@ def rate_section(report: Report) -> str:
     if not report.total.lines:
         return '<h2>Rate</h2><p class="note">No action log: no rates to show.</p>'
     parts = ["<h2>Rate over time</h2>"]
+    width, bins = report.total.series()
     if len(report.tasks) > 1:
-        series = {name: stats.series() for name, stats in report.tasks.items()}
+        series = {name: stats.series(min_width=width) for name, stats in report.tasks.items()}
         caption = "Pages and bytes per second, one line per task"
     else:
         series = {"all": report.total.series()}
         caption = "Pages and bytes per second"
-    width = next(iter(series.values()))[0]
-    parts.append(figure("rate", plots.rate_figure("rate", series), f"{caption} ({width} s bins)"))
-    width, bins = report.total.series()
+    bin_width = max(w for w, _ in series.values())
+    parts.append(
+        figure("rate", plots.rate_figure("rate", series), f"{caption} ({bin_width} s bins)")
+    )
     parts.append(
         figure(
             "outcomes",
@@ -187,6 +189,12 @@ def hosts_section(total: LogStats) -> str:
     kinds = sorted({kind for _, counts in top for kind in counts})
     parts = {kind: [counts[kind] for _, counts in top] for kind in kinds}
     hosts = [host for host, _ in top]
+    note = ""
+    if total.hosts_dropped:
+        note = (
+            f'<p class="note">{total.hosts_dropped:,} hosts with few failures were not '
+            "tracked to keep memory bounded: counts are lower bounds.</p>"
+        )
     rows = []
     for host, counts in top:
         detail = ", ".join(
@@ -204,6 +212,7 @@ def hosts_section(total: LogStats) -> str:
             "Failed attempts (retries and errors) per host, by kind",
         )
         + table(["host", "failed attempts", "kinds"], rows)
+        + note
     )
 
 

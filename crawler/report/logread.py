@@ -22,6 +22,9 @@ logger = logging.getLogger(__name__)
 OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
 FAILED = frozenset({"retry", "error"})
 MAX_BINS = 2048
+# Hosts with failures tracked at once; past it the hosts with fewest failures are
+# dropped (the top 20 of a crawl of millions of hosts stay, counts become lower bounds).
+MAX_HOSTS = 50_000
 # Index of each outcome in a bin's list; the last slot holds the bytes of "ok" lines.
 _SLOT = {name: i for i, name in enumerate(OUTCOMES)}
 _BYTES = len(OUTCOMES)
@@ -65,6 +68,7 @@ class LogStats:
         default_factory=lambda: defaultdict(Counter)
     )
     first_problem: str | None = None
+    hosts_dropped: int = 0
 
     def add(self, ts: float, outcome: str, nbytes: int) -> None:
         key = int(ts) // self.width
@@ -99,8 +103,11 @@ class LogStats:
         self.bins = merged
         self.width *= 2
 
-    def series(self, target_points: int = 300) -> tuple[int, list[tuple[float, list[float]]]]:
-        """(bin seconds, [(bin start epoch, slots)]) with at most ~target_points bins.
+    def series(
+        self, target_points: int = 300, min_width: int = 1
+    ) -> tuple[int, list[tuple[float, list[float]]]]:
+        """(bin seconds, [(bin start epoch, slots)]) with at most target_points bins,
+        each at least *min_width* seconds wide (to draw several logs with one width).
 
         Empty bins inside the span are included as zeros so that a stall shows as a dip.
         """
@@ -108,7 +115,7 @@ class LogStats:
             return self.width, []
         lo, hi = min(self.bins), max(self.bins)
         factor = 1
-        while (hi - lo) // factor + 1 > target_points:
+        while hi // factor - lo // factor + 1 > target_points or self.width * factor < min_width:
             factor *= 2
         grouped: dict[int, list[float]] = {}
         for key, slots in self.bins.items():
@@ -149,9 +156,19 @@ class LogStats:
                 self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
         for host, kinds in other.host_errors.items():
             self.host_errors[host].update(kinds)
+        self.hosts_dropped += other.hosts_dropped
+        if len(self.host_errors) > MAX_HOSTS:
+            self.prune_hosts()
         for proxy, counts in other.proxy_outcomes.items():
             self.proxy_outcomes[proxy].update(counts)
         self.first_problem = self.first_problem or other.first_problem
+
+    def prune_hosts(self) -> None:
+        """Keep the half of the hosts with most failures."""
+        totals = sorted(((sum(c.values()), h) for h, c in self.host_errors.items()), reverse=True)
+        for _, host in totals[len(totals) // 2 :]:
+            del self.host_errors[host]
+            self.hosts_dropped += 1
 
     def _bin_at(self, ts: float) -> list[float]:
         key = int(ts) // self.width
@@ -176,8 +193,12 @@ class _Clock:
             y, mo, d = int(ts[0:4]), int(ts[5:7]), int(ts[8:10])
             h, mi, s = int(ts[11:13]), int(ts[14:16]), int(ts[17:19])
             base = self._cache[second] = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
-        frac = ts[19:20] == "." and ts[20:23]
-        return base + (int(frac) / 10 ** len(frac) if frac and frac.isdigit() else 0.0)
+        if ts[19:20] == ".":
+            try:
+                return base + float(ts[19:23])
+            except ValueError:
+                pass
+        return float(base)
 
 
 def read_action_log(path: Path, stats: LogStats | None = None) -> LogStats:
@@ -188,12 +209,12 @@ def read_action_log(path: Path, stats: LogStats | None = None) -> LogStats:
     """
     stats = stats if stats is not None else LogStats()
     clock = _Clock()
-    loads = json.loads
+    decode = json.JSONDecoder().decode  # json.loads' checks, once instead of per line
     outcomes = stats.outcomes
-    with open(path, "rb") as lines:
+    with open(path, encoding="utf-8", errors="replace") as lines:
         for number, raw in enumerate(lines, 1):
             try:
-                entry = loads(raw)
+                entry = decode(raw)
                 ts = clock.epoch(entry["ts"])
             except (ValueError, KeyError, TypeError) as exc:
                 if raw.strip():
@@ -210,6 +231,8 @@ def read_action_log(path: Path, stats: LogStats | None = None) -> LogStats:
             if outcome in FAILED:
                 kind = error_kind(entry.get("error"), entry.get("status"))
                 stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
+                if len(stats.host_errors) > MAX_HOSTS:
+                    stats.prune_hosts()
             proxy = entry.get("proxy")
             if proxy:
                 stats.proxy_outcomes[proxy][outcome] += 1
