@@ -140,7 +140,7 @@ class Command(ScrapyCommand):
 
         output = Path(opts.output or "report.html")
         hub_url = self.settings.get("HUB_URL") or os.environ.get("HUB_URL")
-        shown = report.report_settings(self.settings.copy_to_dict().items())
+        shown = report.report_settings(self.settings.copy_to_dict().items(), hub_url)
         builder = report.ReportBuilder(self.data_dir, hub_url, shown)
         try:
             if opts.watch:

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import uuid
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,10 +19,12 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from crawler.hub import Hub, redact_url
+from crawler.hub import Holder, Hub, RestPolicy, UsageCounts, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
 from crawler.report import logread
+from crawler.report.html import lease_spans
 from crawler.report.logread import MAX_BINS, LogStats, read_action_log
+from crawler.report.sources import ReportError, read_hub
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.proxy_servers import proxy_pool  # noqa: F401
 from tests.servers import need
@@ -267,6 +270,7 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     assert_stats(page["stats"], expected)
     assert "items:notes:rows" not in page["stats"], "a table without _key is not an item table"
     assert page["settings"]["DATA_DIR"] == str(data_dir)
+    assert page["settings"]["HUB_URL"] == hub_url
 
 
 def test_empty_data_dir_says_so(tmp_path):
@@ -421,3 +425,61 @@ def test_hosts_are_bounded_and_the_top_ones_kept(tmp_path, monkeypatch):
     stats = read_action_log(log)
     assert len(stats.host_errors) <= 10 and stats.hosts_dropped > 0
     assert stats.host_errors["worst.test"] == Counter(TimeoutError=50)
+
+
+# --- the hub, SQLite and PostgreSQL ----------------------------------------------------------
+PG_TEST_URL = os.environ.get("PG_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_hub_url(request, tmp_path):
+    """A fresh hub: a SQLite file, or a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/hub.db"
+        return
+    import psycopg
+
+    schema = f"reporttest_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        admin = psycopg.connect(PG_TEST_URL, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        need(f"no PostgreSQL at {redact_url(PG_TEST_URL)} (set PG_TEST_URL): {exc}")
+    admin.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_TEST_URL else "?"
+    try:
+        yield f"{PG_TEST_URL}{sep}options=-csearch_path%3D{schema}"
+    finally:
+        admin.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        admin.close()
+
+
+def test_hub_is_read_from_sqlite_and_postgresql(any_hub_url):
+    with Hub.open(any_hub_url) as hub:
+        hub.add_proxies(["http://bob:s3cret-pw@10.0.0.1:3128", "http://10.0.0.2:3128"])
+        holder = Holder("node1", 42, "7_3")
+        banned = hub.acquire(holder, ttl=60)
+        hub.release(banned, "banned", UsageCounts(requests=3, failures=1, bans=1))
+        rotated = hub.acquire(holder, ttl=60)
+        hub.release(rotated, "rotated", UsageCounts(requests=5), RestPolicy(rest_seconds=0))
+        held = hub.acquire(holder, ttl=60)  # still held when the report reads the hub
+        proxies, usage, now = hub.proxies(), hub.usage(), hub.now()
+    assert held is not None and held.proxy_id == rotated.proxy_id != banned.proxy_id
+    read = read_hub(any_hub_url, now)
+    assert [p.url for p in read.proxies] == [redact_url(p.url) for p in proxies]
+    assert "s3cret-pw" not in repr(read)
+    assert [(p.total_uses, p.bans, p.state) for p in read.proxies] == [
+        (p.total_uses, p.bans, p.state) for p in proxies
+    ]
+    assert [(u.proxy_id, u.requests, u.end_reason) for u in read.leases] == [
+        (u.proxy_id, u.requests, u.end_reason) for u in sorted(usage, key=lambda u: u.started)
+    ]
+    spans = dict(lease_spans(read))
+    kinds = [kind for rows in spans.values() for _, _, kind in rows]
+    assert set(kinds) == {"banned", "held", "rest", "rotated"}
+
+
+def test_unreadable_hub_is_a_clear_error(tmp_path):
+    with pytest.raises(ReportError, match="hub sqlite:///.*cannot read its proxies"):
+        read_hub(f"sqlite:///{tmp_path}/absent.db", time.time())
+    with pytest.raises(ReportError, match=r"HUB_URL 'mysql://u:\*\*\*@h/x' is not supported"):
+        read_hub("mysql://u:pw@h/x", time.time())

@@ -60,13 +60,15 @@ class Report:
     seconds: float = 0.0  # time taken to collect
 
 
-def report_settings(items: Iterable[tuple[str, object]]) -> list[tuple[str, str]]:
-    """The crawl-relevant settings as text, credentials redacted, sorted by name."""
-    shown = []
-    for name, value in items:
-        if name.startswith(SETTING_PREFIXES):
-            shown.append((name, redact(str(value))))
-    return sorted(shown)
+def report_settings(
+    items: Iterable[tuple[str, object]], hub_url: str | None = None
+) -> list[tuple[str, str]]:
+    """The crawl-relevant settings as text, credentials redacted, sorted by name;
+    ``HUB_URL`` as used (it may come from the environment)."""
+    shown = {name: str(value) for name, value in items if name.startswith(SETTING_PREFIXES)}
+    if hub_url:
+        shown["HUB_URL"] = hub_url
+    return sorted((name, redact(value)) for name, value in shown.items())
 
 
 class ReportBuilder:

@@ -139,7 +139,7 @@ def rate_section(report: Report) -> str:
         rows.append(
             f"<tr><td>{escape(name)}</td>{cell(f'task:{name}:lines', stats.lines)}"
             f"{cell(f'task:{name}:pages', stats.pages)}{cell(f'task:{name}:failed', failed)}"
-            f"<td>{when(stats.first_ts)}</td><td class='n'>{span:,.0f}</td>"
+            f"<td>{when(stats.first_ts)}</td><td class='n'>{span:,.1f}</td>"
             f"{cell(f'task:{name}:pages_per_s', rate, f'{rate:,.2f}')}</tr>"
         )
     headers = ["task", "lines", "pages (ok)", "retries + errors", "first", "seconds", "pages/s"]
