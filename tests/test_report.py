@@ -23,7 +23,7 @@ from crawler.hub import Holder, Hub, RestPolicy, UsageCounts, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
 from crawler.report import logread
 from crawler.report.html import lease_spans
-from crawler.report.logread import MAX_BINS, LogStats, read_action_log
+from crawler.report.logread import MAX_BINS, LogFollower, LogStats, read_action_log
 from crawler.report.sources import ReportError, read_hub
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.proxy_servers import proxy_pool  # noqa: F401
@@ -330,7 +330,8 @@ def test_slurm_data_shows_each_task(tmp_path, site):
     assert page["marks"]["rate"] == 2 * len(names)
 
 
-def test_watch_rewrites_until_interrupted(tmp_path, site):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_watch_rewrites_until_interrupted(tmp_path, site, signum):
     data_dir = tmp_path / "data"
     done = run_crawl(write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -346,7 +347,14 @@ def test_watch_rewrites_until_interrupted(tmp_path, site):
     try:
         first = wait_for(lambda: output.exists() and output.stat().st_mtime_ns, watcher)
         wait_for(lambda: output.stat().st_mtime_ns != first, watcher)
-        watcher.send_signal(signal.SIGINT)
+        # What the log gains while it is watched shows in a later rewrite.
+        log = data_dir / "fetch_log.jsonl"
+        lines = log.read_text().splitlines()
+        with log.open("a") as out:
+            out.write("\n".join(lines) + "\n")
+        shown = f'data-stat="log:lines" data-value="{2 * len(lines)}"'
+        wait_for(lambda: shown in output.read_text(), watcher)
+        watcher.send_signal(signum)
         _, stderr = watcher.communicate(timeout=60)
     finally:
         if watcher.poll() is None:
@@ -483,3 +491,26 @@ def test_unreadable_hub_is_a_clear_error(tmp_path):
         read_hub(f"sqlite:///{tmp_path}/absent.db", time.time())
     with pytest.raises(ReportError, match=r"HUB_URL 'mysql://u:\*\*\*@h/x' is not supported"):
         read_hub("mysql://u:pw@h/x", time.time())
+
+
+def test_follower_reads_only_what_was_appended(tmp_path):
+    log = tmp_path / "fetch_log.jsonl"
+
+    def line(i: int, outcome: str = "ok") -> str:
+        return json.dumps({"ts": f"2026-01-01T00:00:{i:02d}.000Z", "url": "http://a.test/",
+                           "outcome": outcome, "bytes": 100})  # fmt: skip
+
+    log.write_text("".join(line(i) + "\n" for i in range(10)))
+    follower = LogFollower(log)
+    assert follower.update().lines == 10
+    with log.open("a") as out:
+        out.write("".join(line(i, "retry") + "\n" for i in range(10, 15)))
+        out.write(line(15)[:20])  # being written
+    stats = follower.update()
+    assert (stats.lines, stats.outcomes["retry"], stats.bad_lines) == (15, 5, 0)
+    with log.open("a") as out:
+        out.write(line(15)[20:] + "\n")
+    assert follower.update().outcomes == Counter(ok=11, retry=5)
+    assert follower.stats.ok_bytes == 1100
+    log.write_text(line(1) + "\n")  # replaced by a shorter log
+    assert follower.update().lines == 1

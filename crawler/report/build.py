@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.report.logread import LogStats, read_action_log
+from crawler.report.logread import LogFollower, LogStats
 from crawler.report.sources import (
     CatalogSummary,
     HubSummary,
@@ -85,6 +85,8 @@ class ReportBuilder:
         self.hub_url = hub_url or None
         self.settings = settings or []
         self.clock = clock
+        # Kept between collections: a rewrite reads only what each log gained.
+        self.followers: dict[Path, LogFollower] = {}
 
     def collect(self) -> Report:
         started = time.perf_counter()
@@ -93,7 +95,10 @@ class ReportBuilder:
         tasks: dict[str, LogStats] = {}
         total = LogStats()
         for name, path in layout.logs:
-            stats = read_action_log(path)
+            follower = self.followers.get(path)
+            if follower is None:
+                follower = self.followers[path] = LogFollower(path)
+            stats = follower.update()
             tasks[name] = stats
             total.merge(stats)
         now = self.clock()

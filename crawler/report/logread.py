@@ -202,40 +202,83 @@ class _Clock:
 
 
 def read_action_log(path: Path, stats: LogStats | None = None) -> LogStats:
-    """Read *path* line by line into *stats* (a new one by default).
+    """Read the whole of *path* into *stats* (a new one by default).
 
     A line that is not JSON (a line cut short by a kill, say) is counted in
     ``bad_lines`` and the first one is remembered as ``file:line: reason``.
     """
-    stats = stats if stats is not None else LogStats()
-    clock = _Clock()
-    decode = json.JSONDecoder().decode  # json.loads' checks, once instead of per line
-    outcomes = stats.outcomes
-    with open(path, encoding="utf-8", errors="replace") as lines:
-        for number, raw in enumerate(lines, 1):
-            try:
-                entry = decode(raw)
-                ts = clock.epoch(entry["ts"])
-            except (ValueError, KeyError, TypeError) as exc:
-                if raw.strip():
-                    stats.bad_lines += 1
-                    if stats.first_problem is None:
-                        stats.first_problem = f"{path}:{number}: {type(exc).__name__}: {exc}"
-                continue
-            stats.lines += 1
+    follower = LogFollower(path, stats)
+    follower.update(final=True)
+    return follower.stats
+
+
+# json.loads checks its argument on every call; the decoder itself does not.
+_decode = json.JSONDecoder().decode
+
+
+class LogFollower:
+    """Reads an append-only action log in steps, each step only what was appended.
+
+    ``--watch`` keeps one per log, so rewriting the report of a long crawl costs the
+    new lines, not the whole log again. A log that shrank (replaced) is read anew.
+    """
+
+    def __init__(self, path: Path, stats: LogStats | None = None):
+        self.path = Path(path)
+        self.stats = stats if stats is not None else LogStats()
+        self.offset = 0
+        self.number = 0  # lines consumed, for error messages
+        self._clock = _Clock()
+
+    def _restart(self) -> None:
+        self.stats, self.offset, self.number = LogStats(), 0, 0
+
+    def update(self, final: bool = False) -> LogStats:
+        """Read what was appended since the last call.
+
+        A last line without its newline is still being written: it waits for the next
+        call, unless *final* (then it is read, or counted as unreadable).
+        """
+        if self.path.stat().st_size < self.offset:
+            logger.warning("%s shrank: reading it again from the start", self.path)
+            self._restart()
+        with open(self.path, "rb") as lines:
+            lines.seek(self.offset)
+            for raw in lines:
+                if not raw.endswith(b"\n") and not final:
+                    break
+                self.offset += len(raw)
+                self.number += 1
+                self._add(raw)
+        if self.stats.bad_lines and final:
+            logger.warning(
+                "%d unreadable lines, first %s", self.stats.bad_lines, self.stats.first_problem
+            )
+        return self.stats
+
+    def _add(self, raw: bytes) -> None:
+        stats = self.stats
+        try:
+            entry = _decode(raw.decode("utf-8", "replace"))
+            ts = self._clock.epoch(entry["ts"])
             outcome = entry.get("outcome") or "unknown"
-            outcomes[outcome] += 1
-            nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
-            stats.ok_bytes += nbytes
-            stats.add(ts, outcome, nbytes)
-            if outcome in FAILED:
-                kind = error_kind(entry.get("error"), entry.get("status"))
-                stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
-                if len(stats.host_errors) > MAX_HOSTS:
-                    stats.prune_hosts()
-            proxy = entry.get("proxy")
-            if proxy:
-                stats.proxy_outcomes[proxy][outcome] += 1
-    if stats.bad_lines:
-        logger.warning("%d unreadable lines, first %s", stats.bad_lines, stats.first_problem)
-    return stats
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if raw.strip():
+                stats.bad_lines += 1
+                if stats.first_problem is None:
+                    where = f"{self.path}:{self.number}"
+                    stats.first_problem = f"{where}: {type(exc).__name__}: {exc}"
+            return
+        stats.lines += 1
+        stats.outcomes[outcome] += 1
+        nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
+        stats.ok_bytes += nbytes
+        stats.add(ts, outcome, nbytes)
+        if outcome in FAILED:
+            kind = error_kind(entry.get("error"), entry.get("status"))
+            stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
+            if len(stats.host_errors) > MAX_HOSTS:
+                stats.prune_hosts()
+        proxy = entry.get("proxy")
+        if proxy:
+            stats.proxy_outcomes[proxy][outcome] += 1
