@@ -39,7 +39,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
-        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz|report [-o report.html] [--watch SECONDS]"
+        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz|report"
 
     def short_desc(self) -> str:
         return "Inspect, check, rebuild, merge and export the catalog; CDXJ index and WACZ"
@@ -52,7 +52,8 @@ class Command(ScrapyCommand):
             "fetched again, and indexes missing records). rebuild: a new catalog from the "
             "archives alone (default DATA_DIR/metadata.rebuilt.db). merge: one catalog from "
             "several, the newest fetch winning. export: the catalog as Parquet or CSV. "
-            "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ."
+            "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ. "
+            "report: an HTML page of plots (-o report.html; --watch SECONDS rewrites it)."
         )
 
     def add_options(self, parser) -> None:
@@ -136,8 +137,10 @@ class Command(ScrapyCommand):
         return 0
 
     def do_report(self, rest, opts) -> int:
-        from crawler import report
+        from crawler import report  # imports matplotlib: only for this action
 
+        if opts.watch is not None and opts.watch <= 0:
+            raise UsageError("--watch takes the seconds between rewrites, more than 0")
         output = Path(opts.output or "report.html")
         hub_url = self.settings.get("HUB_URL") or os.environ.get("HUB_URL")
         shown = report.report_settings(self.settings.copy_to_dict().items(), hub_url)
