@@ -52,6 +52,11 @@ def when(epoch: float | None) -> str:
     return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def rate_text(span: float, rate: float) -> str:
+    """A rate over a span; none when all lines share one instant."""
+    return f"{rate:,.2f}" if span else "-"
+
+
 def table(headers: list[str], rows: list[str]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
@@ -99,7 +104,7 @@ def summary_section(report: Report) -> str:
         tiles.append(("unreadable log lines", stat("log:bad_lines", total.bad_lines)))
     span = total.span_seconds
     rate = total.pages / span if span else 0.0
-    tiles.append(("mean pages/s", stat("log:pages_per_s", rate, f"{rate:,.1f}")))
+    tiles.append(("mean pages/s", stat("log:pages_per_s", rate, rate_text(span, rate))))
     html = "".join(
         f'<div class="tile">{value}<span>{escape(label)}</span></div>' for label, value in tiles
     )
@@ -140,7 +145,7 @@ def rate_section(report: Report) -> str:
             f"<tr><td>{escape(name)}</td>{cell(f'task:{name}:lines', stats.lines)}"
             f"{cell(f'task:{name}:pages', stats.pages)}{cell(f'task:{name}:failed', failed)}"
             f"<td>{when(stats.first_ts)}</td><td class='n'>{span:,.1f}</td>"
-            f"{cell(f'task:{name}:pages_per_s', rate, f'{rate:,.2f}')}</tr>"
+            f"{cell(f'task:{name}:pages_per_s', rate, rate_text(span, rate))}</tr>"
         )
     headers = ["task", "lines", "pages (ok)", "retries + errors", "first", "seconds", "pages/s"]
     parts.append(table(headers, rows))
