@@ -30,10 +30,6 @@ _SLOT = {name: i for i, name in enumerate(OUTCOMES)}
 _BYTES = len(OUTCOMES)
 
 
-class LogFormatError(ValueError):
-    """An action-log line is not a JSON object with a ``ts``."""
-
-
 def error_kind(error: str | None, status: int | None) -> str:
     """A short name for a failure: the exception's name, or the HTTP status."""
     if error:
