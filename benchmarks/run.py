@@ -12,6 +12,7 @@ SECTIONS = [
     ("Proxy leases", "benchmarks.bench_proxies"),
     ("Re-parse and random access", "benchmarks.bench_reparse"),
     ("JS rendering (Chromium, 200 pages)", "benchmarks.bench_render"),
+    ("Crawl report from a 1,000,000-line action log", "benchmarks.bench_report"),
 ]
 
 

@@ -7,6 +7,7 @@
     scrapy catalog export --format parquet|csv [-o FILE]
     scrapy catalog index [-o OUT.cdxj]
     scrapy catalog wacz OUT.wacz
+    scrapy catalog report [-o report.html] [--watch SECONDS]
 
 Exit status: 0 on success, 1 when verify found problems (or rebuild skipped unreadable
 records), 2 for bad arguments.
@@ -14,6 +15,7 @@ records), 2 for bad arguments.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -29,7 +31,7 @@ from crawler.tools.stats import catalog_stats
 from crawler.tools.verify import Verify, confirm_prompt
 from crawler.tools.wacz import WaczBuilder, write_index
 
-ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz")
+ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz", "report")
 
 
 def _print(lines) -> None:
@@ -42,7 +44,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
-        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz"
+        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz|report"
 
     def short_desc(self) -> str:
         return "Inspect, check, rebuild, merge and export the catalog; CDXJ index and WACZ"
@@ -55,7 +57,8 @@ class Command(ScrapyCommand):
             "fetched again, and indexes missing records). rebuild: a new catalog from the "
             "archives alone (default DATA_DIR/metadata.rebuilt.db). merge: one catalog from "
             "several, the newest fetch winning. export: the catalog as Parquet or CSV. "
-            "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ."
+            "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ. "
+            "report: an HTML page of plots (-o report.html; --watch SECONDS rewrites it)."
         )
 
     def add_options(self, parser) -> None:
@@ -67,6 +70,7 @@ class Command(ScrapyCommand):
             "--format", choices=EXPORT_FORMATS, default="parquet", help="export format"
         )
         parser.add_argument("--title", help="wacz: the collection's title")
+        parser.add_argument("--watch", type=float, metavar="SECONDS", help="report: rewrite it")
 
     def run(self, args, opts) -> None:
         if not args or args[0] not in ACTIONS:
@@ -132,4 +136,23 @@ class Command(ScrapyCommand):
             raise UsageError("give the WACZ file to write: scrapy catalog wacz OUT.wacz")
         path = WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
         print(f"wrote {path}")
+        return 0
+
+    def do_report(self, rest, opts) -> int:
+        from crawler import report  # imports matplotlib: only for this action
+
+        if opts.watch is not None and opts.watch <= 0:
+            raise UsageError("--watch takes the seconds between rewrites, more than 0")
+        output = Path(opts.output or "report.html")
+        hub_url = self.settings.get("HUB_URL") or os.environ.get("HUB_URL")
+        shown = report.report_settings(self.settings.copy_to_dict().items(), hub_url)
+        builder = report.ReportBuilder(self.data_dir, hub_url, shown)
+        try:
+            if opts.watch:
+                return report.watch(builder, output, opts.watch)
+            builder.write(output)
+        except report.ReportError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {output}")
         return 0

@@ -1,0 +1,153 @@
+"""Collect a data directory's numbers, render the page, write it atomically, or keep
+rewriting it (``--watch``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from crawler.report.logread import LogFollower, LogStats
+from crawler.report.sources import (
+    CatalogSummary,
+    HubSummary,
+    Layout,
+    find_layout,
+    read_catalogs,
+    read_hub,
+    redact,
+)
+
+logger = logging.getLogger(__name__)
+
+# Settings shown in the report: these names, and every name with these prefixes.
+SETTING_PREFIXES = (
+    "DATA_DIR",
+    "CATALOG_",
+    "ARCHIVE_",
+    "PROXY_",
+    "HUB_",
+    "RENDER_",
+    "CONCURRENT_",
+    "DOWNLOAD_DELAY",
+    "DOWNLOAD_TIMEOUT",
+    "AUTOTHROTTLE_",
+    "RETRY_",
+    "ROBOTSTXT_OBEY",
+    "USER_AGENT",
+    "DEPTH_LIMIT",
+    "CLOSESPIDER_",
+)
+
+
+@dataclass
+class Report:
+    """Everything the page shows, already aggregated."""
+
+    layout: Layout
+    generated: float
+    catalog: CatalogSummary | None
+    tasks: dict[str, LogStats]
+    total: LogStats
+    hub: HubSummary | None
+    settings: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0  # time taken to collect
+
+
+def report_settings(
+    items: Iterable[tuple[str, object]], hub_url: str | None = None
+) -> list[tuple[str, str]]:
+    """The crawl-relevant settings as text, credentials redacted, sorted by name;
+    ``HUB_URL`` as used (it may come from the environment)."""
+    shown = {name: str(value) for name, value in items if name.startswith(SETTING_PREFIXES)}
+    if hub_url:
+        shown["HUB_URL"] = hub_url
+    return sorted((name, redact(value)) for name, value in shown.items())
+
+
+class ReportBuilder:
+    """Reads a data directory (and the hub, when given) into a :class:`Report`."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        hub_url: str | None = None,
+        settings: list[tuple[str, str]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.data_dir = Path(data_dir)
+        self.hub_url = hub_url or None
+        self.settings = settings or []
+        self.clock = clock
+        # Kept between collections: a rewrite reads only what each log gained.
+        self.followers: dict[Path, LogFollower] = {}
+
+    def collect(self) -> Report:
+        started = time.perf_counter()
+        layout = find_layout(self.data_dir)
+        catalog = read_catalogs(layout.catalogs) if layout.catalogs else None
+        tasks: dict[str, LogStats] = {}
+        total = LogStats()
+        for name, path in layout.logs:
+            follower = self.followers.get(path)
+            if follower is None:
+                follower = self.followers[path] = LogFollower(path)
+            stats = follower.update()
+            tasks[name] = stats
+            total.merge(stats)
+        now = self.clock()
+        hub = read_hub(self.hub_url, now) if self.hub_url else None
+        report = Report(layout, now, catalog, tasks, total, hub, self.settings)
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def render(self) -> str:
+        from crawler.report.html import render_page
+
+        return render_page(self.collect())
+
+    def write(self, output: Path) -> None:
+        write_atomic(Path(output), self.render())
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write *text* to *path* through a temporary file in the same directory, so a
+    reader (a browser reloading the page) sees the old file or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def watch(builder: ReportBuilder, output: Path, interval: float) -> int:
+    """Rewrite *output* every *interval* seconds until SIGINT or SIGTERM; returns 0."""
+    stop = threading.Event()
+
+    def on_signal(signum, frame) -> None:
+        logger.info("signal %d: stopping after this report", signum)
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.is_set():
+            builder.write(output)
+            logger.info("wrote %s", output)
+            stop.wait(interval)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0

@@ -1,0 +1,322 @@
+"""The report as one self-contained HTML page: inline SVG figures, no scripts.
+
+Every number a reader (or a test) may check is in an element with ``data-stat`` (a
+stable name such as ``outcome:ok`` or ``status:404``) and ``data-value`` (the exact
+number); every figure is a ``<figure class="plot" id="plot-...">``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from html import escape
+
+from crawler.report import plots
+from crawler.report.build import Report
+from crawler.report.logread import OUTCOMES, LogStats
+from crawler.report.sources import HubSummary
+
+TOP_HOSTS = 20
+TOP_TYPES = 15
+
+STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:72em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd}
+table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .7em;text-align:left}
+td.n{text-align:right;font-variant-numeric:tabular-nums}tr:nth-child(even){background:#f6f6f6}
+figure.plot{margin:.5em 0}figure.plot svg{max-width:100%;height:auto}
+.note{color:#666}.empty{font-size:1.2em;padding:1em;background:#fff3cd}
+.tiles{display:flex;flex-wrap:wrap;gap:.8em}.tile{border:1px solid #ddd;padding:.5em 1em}
+.tile .n{font-size:1.4em;display:block}
+"""
+
+
+def stat(name: str, value: float, text: str | None = None) -> str:
+    shown = text if text is not None else f"{value:,}"
+    return f'<span class="n" data-stat="{escape(name)}" data-value="{value}">{escape(shown)}</span>'
+
+
+def cell(name: str, value: float, text: str | None = None) -> str:
+    return f'<td class="n">{stat(name, value, text)}</td>'
+
+
+def figure(name: str, svg: str, caption: str) -> str:
+    return (
+        f'<figure class="plot" id="plot-{name}">{svg}'
+        f"<figcaption>{escape(caption)}</figcaption></figure>"
+    )
+
+
+def when(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def rate_text(span: float, rate: float) -> str:
+    """A rate over a span; none when all lines share one instant."""
+    return f"{rate:,.2f}" if span else "-"
+
+
+def table(headers: list[str], rows: list[str]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def render_page(report: Report) -> str:
+    body = [
+        "<h1>Crawl report</h1>",
+        f'<p class="note">{escape(str(report.layout.root))}: generated {when(report.generated)}'
+        f" in {report.seconds:.1f} s</p>",
+    ]
+    if report.layout.empty:
+        body.append(
+            f'<p id="empty" class="empty">Nothing crawled yet: {escape(str(report.layout.root))} '
+            "holds no catalog and no action log.</p>"
+        )
+    else:
+        body += [
+            summary_section(report),
+            rate_section(report),
+            catalog_section(report),
+            hosts_section(report.total),
+            proxy_section(report.total, report.hub),
+            items_section(report),
+        ]
+    body.append(settings_section(report.settings))
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>Crawl report: {escape(report.layout.root.name)}</title>"
+        f"<style>{STYLE}</style></head><body>{''.join(body)}</body></html>\n"
+    )
+
+
+def summary_section(report: Report) -> str:
+    total, catalog = report.total, report.catalog
+    tiles = []
+    if catalog is not None:
+        tiles.append(("stored pages (catalog rows)", stat("catalog:rows", catalog.rows)))
+        tiles.append(("stored bytes", stat("catalog:bytes", catalog.bytes)))
+    tiles.append(("action-log lines", stat("log:lines", total.lines)))
+    for outcome in OUTCOMES:
+        tiles.append((outcome, stat(f"outcome:{outcome}", total.outcomes[outcome])))
+    if total.bad_lines:
+        tiles.append(("unreadable log lines", stat("log:bad_lines", total.bad_lines)))
+    span = total.span_seconds
+    rate = total.pages / span if span else 0.0
+    tiles.append(("mean pages/s", stat("log:pages_per_s", rate, rate_text(span, rate))))
+    html = "".join(
+        f'<div class="tile">{value}<span>{escape(label)}</span></div>' for label, value in tiles
+    )
+    extra = ""
+    if total.first_problem:
+        extra = f'<p class="note">First unreadable line: {escape(total.first_problem)}</p>'
+    return f'<h2>Summary</h2><div class="tiles">{html}</div>{extra}'
+
+
+def rate_section(report: Report) -> str:
+    if not report.total.lines:
+        return '<h2>Rate</h2><p class="note">No action log: no rates to show.</p>'
+    parts = ["<h2>Rate over time</h2>"]
+    width, bins = report.total.series()
+    if len(report.tasks) > 1:
+        series = {name: stats.series(min_width=width) for name, stats in report.tasks.items()}
+        caption = "Pages and bytes per second, one line per task"
+    else:
+        series = {"all": report.total.series()}
+        caption = "Pages and bytes per second"
+    bin_width = max(w for w, _ in series.values())
+    parts.append(
+        figure("rate", plots.rate_figure("rate", series), f"{caption} ({bin_width} s bins)")
+    )
+    parts.append(
+        figure(
+            "outcomes",
+            plots.outcome_figure("outcomes", width, bins),
+            f"Attempts per second by outcome ({width} s bins)",
+        )
+    )
+    rows = []
+    for name, stats in report.tasks.items():
+        span = stats.span_seconds
+        rate = stats.pages / span if span else 0.0
+        failed = stats.outcomes["retry"] + stats.outcomes["error"]
+        rows.append(
+            f"<tr><td>{escape(name)}</td>{cell(f'task:{name}:lines', stats.lines)}"
+            f"{cell(f'task:{name}:pages', stats.pages)}{cell(f'task:{name}:failed', failed)}"
+            f"<td>{when(stats.first_ts)}</td><td class='n'>{span:,.1f}</td>"
+            f"{cell(f'task:{name}:pages_per_s', rate, rate_text(span, rate))}</tr>"
+        )
+    headers = ["task", "lines", "pages (ok)", "retries + errors", "first", "seconds", "pages/s"]
+    parts.append(table(headers, rows))
+    return "".join(parts)
+
+
+def catalog_section(report: Report) -> str:
+    catalog = report.catalog
+    if catalog is None or not catalog.rows:
+        return '<h2>Catalog</h2><p class="note">No catalog rows yet.</p>'
+    statuses = sorted(catalog.statuses.items())
+    types = catalog.content_types.most_common(TOP_TYPES)
+    parts = [
+        "<h2>Stored pages by status and content type</h2>",
+        figure(
+            "status",
+            plots.bar_figure(
+                "status", [str(s) for s, _ in statuses], [n for _, n in statuses], "rows"
+            ),
+            "Catalog rows by HTTP status",
+        ),
+        table(
+            ["status", "rows"],
+            [f"<tr><td>{s}</td>{cell(f'status:{s}', n)}</tr>" for s, n in statuses],
+        ),
+        figure(
+            "types",
+            plots.bar_figure("types", [t for t, _ in types], [n for _, n in types], "rows"),
+            f"Catalog rows by content type (top {TOP_TYPES})",
+        ),
+        table(
+            ["content type", "rows"],
+            [f"<tr><td>{escape(t)}</td>{cell(f'type:{t}', n)}</tr>" for t, n in types],
+        ),
+        f'<p class="note">Fetched from {escape(catalog.oldest or "-")} '
+        f"to {escape(catalog.newest or '-')}.</p>",
+    ]
+    return "".join(parts)
+
+
+def hosts_section(total: LogStats) -> str:
+    if not total.host_errors:
+        return '<h2>Hosts with errors</h2><p class="note">No retries or errors logged.</p>'
+    ranked = sorted(total.host_errors.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
+    top = ranked[:TOP_HOSTS]
+    kinds = sorted({kind for _, counts in top for kind in counts})
+    parts = {kind: [counts[kind] for _, counts in top] for kind in kinds}
+    hosts = [host for host, _ in top]
+    note = ""
+    if total.hosts_dropped:
+        note = (
+            f'<p class="note">{total.hosts_dropped:,} hosts with few failures were not '
+            "tracked to keep memory bounded: counts are lower bounds.</p>"
+        )
+    rows = []
+    for host, counts in top:
+        detail = ", ".join(
+            f"{k} {stat(f'hostkind:{host}:{k}', n)}" for k, n in counts.most_common()
+        )
+        rows.append(
+            f"<tr><td>{escape(host)}</td>{cell(f'host:{host}', sum(counts.values()))}"
+            f"<td>{detail}</td></tr>"
+        )
+    return (
+        f"<h2>The {len(top)} hosts with most failed attempts</h2>"
+        + figure(
+            "hosts",
+            plots.stacked_bar_figure("hosts", hosts, parts, "failed attempts (retry + error)"),
+            "Failed attempts (retries and errors) per host, by kind",
+        )
+        + table(["host", "failed attempts", "kinds"], rows)
+        + note
+    )
+
+
+def lease_spans(hub: HubSummary) -> list[tuple[str, list[tuple[float, float, str]]]]:
+    """Per proxy, its leases (kind: how each ended) and the rests after them."""
+    rows = []
+    for proxy in hub.proxies:
+        leases = [lease for lease in hub.leases if lease.proxy_id == proxy.id]
+        spans = []
+        for i, lease in enumerate(leases):
+            end = lease.ended if lease.ended is not None else hub.now
+            spans.append((lease.started, end, lease.end_reason or "held"))
+            if lease.end_reason in ("banned", "rotated"):
+                following = leases[i + 1].started if i + 1 < len(leases) else None
+                rest_end = following or proxy.resting_until
+                if rest_end and rest_end > end:
+                    spans.append((end, min(rest_end, hub.now), "rest"))
+        rows.append((proxy.url, spans))
+    return rows
+
+
+def proxy_section(total: LogStats, hub: HubSummary | None) -> str:
+    parts = ["<h2>Proxies</h2>"]
+    if hub is None and not total.proxy_outcomes:
+        return parts[0] + '<p class="note">No hub set (HUB_URL) and no proxy in the log.</p>'
+    if hub is not None:
+        parts.append(f'<p class="note">Hub {escape(hub.url)}</p>')
+        if not hub.proxies:
+            parts.append('<p class="note">The hub holds no proxies.</p>')
+        else:
+            labels = [p.url for p in hub.proxies]
+            parts.append(
+                figure(
+                    "proxies",
+                    plots.bar_figure(
+                        "proxies", labels, [p.total_uses for p in hub.proxies], "requests"
+                    ),
+                    "Requests sent through each proxy (hub)",
+                )
+            )
+            parts.append(
+                figure(
+                    "leases",
+                    plots.lease_figure("leases", lease_spans(hub)),
+                    "Leases per proxy, coloured by how they ended; hatched: resting",
+                )
+            )
+            rows = []
+            for p in hub.proxies:
+                leases = sum(1 for lease in hub.leases if lease.proxy_id == p.id)
+                resting = p.resting_until if p.resting_until and p.resting_until > hub.now else None
+                rows.append(
+                    f"<tr><td>{escape(p.url)}</td><td>{escape(p.state)}"
+                    f"{'' if p.enabled else ' (disabled)'}</td>"
+                    f"{cell(f'proxy:{p.url}:requests', p.total_uses)}"
+                    f"{cell(f'proxy:{p.url}:failures', p.failures)}"
+                    f"{cell(f'proxy:{p.url}:bans', p.bans)}{cell(f'proxy:{p.url}:leases', leases)}"
+                    f"<td>{when(resting)}</td></tr>"
+                )
+            headers = ["proxy", "state", "requests", "failures", "bans", "leases", "resting until"]
+            parts.append(table(headers, rows))
+    if total.proxy_outcomes:
+        rows = []
+        for proxy, counts in sorted(total.proxy_outcomes.items()):
+            cells = "".join(cell(f"proxylog:{proxy}:{o}", counts[o]) for o in OUTCOMES)
+            rows.append(f"<tr><td>{escape(proxy)}</td>{cells}</tr>")
+        parts.append("<p>Attempts per proxy in the action log:</p>")
+        parts.append(table(["proxy", *OUTCOMES], rows))
+    return "".join(parts)
+
+
+def items_section(report: Report) -> str:
+    catalog = report.catalog
+    if catalog is None or not catalog.items:
+        return '<h2>Item tables</h2><p class="note">No item tables in the catalog.</p>'
+    tables = sorted(catalog.items.values(), key=lambda t: t.name)
+    shares = [t.pages / catalog.rows if catalog.rows else 0.0 for t in tables]
+    rows = [
+        f"<tr><td>{escape(t.name)}</td>{cell(f'items:{t.name}:rows', t.rows)}"
+        f"{cell(f'items:{t.name}:pages', t.pages)}"
+        f"{cell(f'items:{t.name}:share', share, f'{share:.1%}')}</tr>"
+        for t, share in zip(tables, shares, strict=True)
+    ]
+    return (
+        "<h2>Item tables</h2>"
+        + figure(
+            "items",
+            plots.bar_figure("items", [t.name for t in tables], [s * 100 for s in shares], "%"),
+            "Share of stored pages each item table covers (distinct _key / catalog rows)",
+        )
+        + table(["table", "rows", "pages covered", "share of stored pages"], rows)
+    )
+
+
+def settings_section(settings: list[tuple[str, str]]) -> str:
+    if not settings:
+        return ""
+    rows = [
+        f'<tr><td>{escape(name)}</td><td data-setting="{escape(name)}">{escape(value)}</td></tr>'
+        for name, value in settings
+    ]
+    return "<h2>Settings</h2>" + table(["setting", "value"], rows)

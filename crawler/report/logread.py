@@ -1,0 +1,280 @@
+"""Streaming aggregation of an action log into time bins and counters.
+
+A log of ten million lines is read one line at a time into a bounded summary: lines
+are counted into time bins whose width doubles (neighbouring bins merged) whenever
+there would be more than ``MAX_BINS`` of them, so memory depends on the number of
+hosts, proxies and error kinds, never on the number of lines. Plots are drawn from
+these bins, not from the lines.
+"""
+
+from __future__ import annotations
+
+import calendar
+import json
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+logger = logging.getLogger(__name__)
+
+OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
+FAILED = frozenset({"retry", "error"})
+MAX_BINS = 2048
+# Hosts with failures tracked at once; past it the hosts with fewest failures are
+# dropped (the top 20 of a crawl of millions of hosts stay, counts become lower bounds).
+MAX_HOSTS = 50_000
+# Index of each outcome in a bin's list; the last slot holds the bytes of "ok" lines.
+_SLOT = {name: i for i, name in enumerate(OUTCOMES)}
+_BYTES = len(OUTCOMES)
+
+
+def error_kind(error: str | None, status: int | None) -> str:
+    """A short name for a failure: the exception's name, or the HTTP status."""
+    if error:
+        head = error.split(":", 1)[0].strip()
+        return head[:60] or "error"
+    return f"HTTP {status}" if status else "unknown"
+
+
+def host_of(url: str) -> str:
+    try:
+        return urlsplit(url).hostname or "(none)"
+    except ValueError:
+        return "(bad url)"
+
+
+@dataclass
+class LogStats:
+    """What one action log (or several merged) says, in bounded memory."""
+
+    width: int = 1  # seconds per bin
+    bins: dict[int, list[float]] = field(default_factory=dict)
+    lines: int = 0
+    bad_lines: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    ok_bytes: int = 0
+    first_ts: float | None = None
+    last_ts: float | None = None
+    host_errors: defaultdict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    proxy_outcomes: defaultdict[str, Counter[str]] = field(
+        default_factory=lambda: defaultdict(Counter)
+    )
+    first_problem: str | None = None
+    hosts_dropped: int = 0
+
+    def add(self, ts: float, outcome: str, nbytes: int) -> None:
+        key = int(ts) // self.width
+        slots = self.bins.get(key)
+        if slots is None:
+            if len(self.bins) >= MAX_BINS:
+                self._coarsen()
+                key = int(ts) // self.width
+                slots = self.bins.get(key)
+            if slots is None:
+                slots = self.bins[key] = [0] * (len(OUTCOMES) + 1)
+        slot = _SLOT.get(outcome)
+        if slot is not None:
+            slots[slot] += 1
+        if outcome == "ok":
+            slots[_BYTES] += nbytes
+        if self.first_ts is None or ts < self.first_ts:
+            self.first_ts = ts
+        if self.last_ts is None or ts > self.last_ts:
+            self.last_ts = ts
+
+    def _coarsen(self) -> None:
+        """Double the bin width, merging pairs of bins."""
+        merged: dict[int, list[float]] = {}
+        for key, slots in self.bins.items():
+            into = merged.get(key // 2)
+            if into is None:
+                merged[key // 2] = slots
+            else:
+                for i, value in enumerate(slots):
+                    into[i] += value
+        self.bins = merged
+        self.width *= 2
+
+    def series(
+        self, target_points: int = 300, min_width: int = 1
+    ) -> tuple[int, list[tuple[float, list[float]]]]:
+        """(bin seconds, [(bin start epoch, slots)]) with at most target_points bins,
+        each at least *min_width* seconds wide (to draw several logs with one width).
+
+        Empty bins inside the span are included as zeros so that a stall shows as a dip.
+        """
+        if not self.bins:
+            return self.width, []
+        lo, hi = min(self.bins), max(self.bins)
+        factor = 1
+        while hi // factor - lo // factor + 1 > target_points or self.width * factor < min_width:
+            factor *= 2
+        grouped: dict[int, list[float]] = {}
+        for key, slots in self.bins.items():
+            into = grouped.setdefault(key // factor, [0] * len(slots))
+            for i, value in enumerate(slots):
+                into[i] += value
+        width = self.width * factor
+        first, last = min(grouped), max(grouped)
+        empty = [0] * (len(OUTCOMES) + 1)
+        return width, [(k * width, grouped.get(k, empty)) for k in range(first, last + 1)]
+
+    @property
+    def pages(self) -> int:
+        """Responses fetched and stored or counted as final (outcome ``ok``)."""
+        return self.outcomes["ok"]
+
+    @property
+    def span_seconds(self) -> float:
+        if self.first_ts is None or self.last_ts is None:
+            return 0.0
+        return self.last_ts - self.first_ts
+
+    def merge(self, other: LogStats) -> None:
+        """Add another log's counts (for the total over several tasks)."""
+        while self.width < other.width:
+            self._coarsen()
+        for key, slots in other.bins.items():
+            into = self._bin_at(key * other.width)
+            for i, value in enumerate(slots):
+                into[i] += value
+        self.lines += other.lines
+        self.bad_lines += other.bad_lines
+        self.outcomes.update(other.outcomes)
+        self.ok_bytes += other.ok_bytes
+        for ts in (other.first_ts, other.last_ts):
+            if ts is not None:
+                self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
+                self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
+        for host, kinds in other.host_errors.items():
+            self.host_errors[host].update(kinds)
+        self.hosts_dropped += other.hosts_dropped
+        if len(self.host_errors) > MAX_HOSTS:
+            self.prune_hosts()
+        for proxy, counts in other.proxy_outcomes.items():
+            self.proxy_outcomes[proxy].update(counts)
+        self.first_problem = self.first_problem or other.first_problem
+
+    def prune_hosts(self) -> None:
+        """Keep the half of the hosts with most failures."""
+        totals = sorted(((sum(c.values()), h) for h, c in self.host_errors.items()), reverse=True)
+        for _, host in totals[len(totals) // 2 :]:
+            del self.host_errors[host]
+            self.hosts_dropped += 1
+
+    def _bin_at(self, ts: float) -> list[float]:
+        key = int(ts) // self.width
+        if key not in self.bins and len(self.bins) >= MAX_BINS:
+            self._coarsen()
+            key = int(ts) // self.width
+        return self.bins.setdefault(key, [0] * (len(OUTCOMES) + 1))
+
+
+class _Clock:
+    """ISO 8601 timestamps to epoch seconds, caching per second (lines share seconds)."""
+
+    def __init__(self) -> None:
+        self._cache: dict[str, int] = {}
+
+    def epoch(self, ts: str) -> float:
+        second = ts[:19]
+        base = self._cache.get(second)
+        if base is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            y, mo, d = int(ts[0:4]), int(ts[5:7]), int(ts[8:10])
+            h, mi, s = int(ts[11:13]), int(ts[14:16]), int(ts[17:19])
+            base = self._cache[second] = calendar.timegm((y, mo, d, h, mi, s, 0, 0, 0))
+        if ts[19:20] == ".":
+            try:
+                return base + float(ts[19:23])
+            except ValueError:
+                pass
+        return float(base)
+
+
+def read_action_log(path: Path, stats: LogStats | None = None) -> LogStats:
+    """Read the whole of *path* into *stats* (a new one by default).
+
+    A line that is not JSON (a line cut short by a kill, say) is counted in
+    ``bad_lines`` and the first one is remembered as ``file:line: reason``.
+    """
+    follower = LogFollower(path, stats)
+    follower.update(final=True)
+    return follower.stats
+
+
+# json.loads checks its argument on every call; the decoder itself does not.
+_decode = json.JSONDecoder().decode
+
+
+class LogFollower:
+    """Reads an append-only action log in steps, each step only what was appended.
+
+    ``--watch`` keeps one per log, so rewriting the report of a long crawl costs the
+    new lines, not the whole log again. A log that shrank (replaced) is read anew.
+    """
+
+    def __init__(self, path: Path, stats: LogStats | None = None):
+        self.path = Path(path)
+        self.stats = stats if stats is not None else LogStats()
+        self.offset = 0
+        self.number = 0  # lines consumed, for error messages
+        self._clock = _Clock()
+
+    def _restart(self) -> None:
+        self.stats, self.offset, self.number = LogStats(), 0, 0
+
+    def update(self, final: bool = False) -> LogStats:
+        """Read what was appended since the last call.
+
+        A last line without its newline is still being written: it waits for the next
+        call, unless *final* (then it is read, or counted as unreadable).
+        """
+        if self.path.stat().st_size < self.offset:
+            logger.warning("%s shrank: reading it again from the start", self.path)
+            self._restart()
+        with open(self.path, "rb") as lines:
+            lines.seek(self.offset)
+            for raw in lines:
+                if not raw.endswith(b"\n") and not final:
+                    break
+                self.offset += len(raw)
+                self.number += 1
+                self._add(raw)
+        if self.stats.bad_lines and final:
+            logger.warning(
+                "%d unreadable lines, first %s", self.stats.bad_lines, self.stats.first_problem
+            )
+        return self.stats
+
+    def _add(self, raw: bytes) -> None:
+        stats = self.stats
+        try:
+            entry = _decode(raw.decode("utf-8", "replace"))
+            ts = self._clock.epoch(entry["ts"])
+            outcome = entry.get("outcome") or "unknown"
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if raw.strip():
+                stats.bad_lines += 1
+                if stats.first_problem is None:
+                    where = f"{self.path}:{self.number}"
+                    stats.first_problem = f"{where}: {type(exc).__name__}: {exc}"
+            return
+        stats.lines += 1
+        stats.outcomes[outcome] += 1
+        nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
+        stats.ok_bytes += nbytes
+        stats.add(ts, outcome, nbytes)
+        if outcome in FAILED:
+            kind = error_kind(entry.get("error"), entry.get("status"))
+            stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
+            if len(stats.host_errors) > MAX_HOSTS:
+                stats.prune_hosts()
+        proxy = entry.get("proxy")
+        if proxy:
+            stats.proxy_outcomes[proxy][outcome] += 1

@@ -1,0 +1,271 @@
+"""What a report reads: catalogs, action logs and the proxy hub, all read-only.
+
+Two layouts are recognised: a crawl's data directory (``metadata.db`` and
+``fetch_log.jsonl``) and a Slurm run's ``DATA/`` (``catalogs/<task>.db`` with
+``catalogs/<task>.fetch_log.jsonl`` beside each, and ``metadata.db`` once merged).
+Catalogs are opened with the plain ``sqlite3`` module in read-only mode, so a report
+can be made while a crawl writes.
+"""
+
+from __future__ import annotations
+
+import re
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LOG_NAME = "fetch_log.jsonl"
+CATALOG_NAME = "metadata.db"
+# Tables of the catalog that are not item tables.
+CATALOG_TABLES = frozenset({"artifacts", "totals"})
+
+
+class ReportError(Exception):
+    """The report cannot be made (missing directory, unreadable catalog or hub)."""
+
+
+@dataclass
+class Task:
+    """One crawl's catalog and action log (either may be missing)."""
+
+    name: str
+    catalog: Path | None
+    log: Path | None
+
+
+@dataclass
+class Layout:
+    """The files of a data directory that a report reads."""
+
+    root: Path
+    main_catalog: Path | None
+    tasks: list[Task]
+
+    @property
+    def empty(self) -> bool:
+        return self.main_catalog is None and not any(t.catalog or t.log for t in self.tasks)
+
+    @property
+    def catalogs(self) -> list[Path]:
+        """The catalogs to count: the merged one when there is one, else each task's."""
+        if self.main_catalog is not None:
+            return [self.main_catalog]
+        return [t.catalog for t in self.tasks if t.catalog is not None]
+
+    @property
+    def logs(self) -> list[tuple[str, Path]]:
+        return [(t.name, t.log) for t in self.tasks if t.log is not None]
+
+
+def find_layout(root: Path) -> Layout:
+    """The catalogs and logs under *root*; raises ReportError when it is not a directory."""
+    if not root.is_dir():
+        raise ReportError(
+            f"{root}: no such data directory (give it with -s DATA_DIR=... or run a crawl first)"
+        )
+    main = root / CATALOG_NAME
+    tasks: list[Task] = []
+    if (root / LOG_NAME).is_file():
+        tasks.append(
+            Task(root.name or str(root), main if main.is_file() else None, root / LOG_NAME)
+        )
+    catalogs_dir = root / "catalogs"
+    names = set()
+    if catalogs_dir.is_dir():
+        names |= {p.stem for p in catalogs_dir.glob("*.db")}
+        names |= {p.name[: -len("." + LOG_NAME)] for p in catalogs_dir.glob("*." + LOG_NAME)}
+    for name in sorted(names):
+        db, log = catalogs_dir / f"{name}.db", catalogs_dir / f"{name}.{LOG_NAME}"
+        tasks.append(Task(name, db if db.is_file() else None, log if log.is_file() else None))
+    return Layout(root, main if main.is_file() else None, tasks)
+
+
+@dataclass
+class ItemTable:
+    name: str
+    rows: int
+    pages: int  # distinct _key
+
+
+@dataclass
+class CatalogSummary:
+    """Counts over one or more catalogs, read with plain SQL."""
+
+    rows: int = 0
+    bytes: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+    content_types: Counter[str] = field(default_factory=Counter)
+    items: dict[str, ItemTable] = field(default_factory=dict)
+    oldest: str | None = None
+    newest: str | None = None
+
+    def add(self, other: CatalogSummary) -> None:
+        self.rows += other.rows
+        self.bytes += other.bytes
+        self.statuses.update(other.statuses)
+        self.content_types.update(other.content_types)
+        for name, table in other.items.items():
+            mine = self.items.setdefault(name, ItemTable(name, 0, 0))
+            mine.rows += table.rows
+            mine.pages += table.pages
+        for when in (other.oldest, other.newest):
+            if when:
+                self.oldest = min(self.oldest or when, when)
+                self.newest = max(self.newest or when, when)
+
+
+def open_readonly(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    conn.execute("PRAGMA query_only = 1")
+    return conn
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def read_catalog(path: Path) -> CatalogSummary:
+    """Rows, bytes, statuses, content types and item tables of one catalog."""
+    summary = CatalogSummary()
+    try:
+        conn = open_readonly(path)
+        try:
+            for status, count, size in conn.execute(
+                "SELECT status, count(*), coalesce(sum(bytes), 0) FROM artifacts GROUP BY status"
+            ):
+                summary.statuses[int(status or 0)] += count
+                summary.rows += count
+                summary.bytes += size
+            for ctype, count in conn.execute(
+                "SELECT content_type, count(*) FROM artifacts GROUP BY content_type"
+            ):
+                summary.content_types[normalise_type(ctype)] += count
+            summary.oldest, summary.newest = conn.execute(
+                "SELECT min(fetched_at), max(fetched_at) FROM artifacts"
+            ).fetchone()
+            summary.items = read_item_tables(conn)
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        raise ReportError(f"{path}: cannot read the catalog: {exc}") from exc
+    return summary
+
+
+def normalise_type(value: str | None) -> str:
+    return (value or "(none)").split(";", 1)[0].strip().lower() or "(none)"
+
+
+def read_item_tables(conn: sqlite3.Connection) -> dict[str, ItemTable]:
+    """Every table besides artifacts and totals that has a ``_key`` column."""
+    names = [
+        row[0]
+        for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+            "ORDER BY name"
+        )
+    ]
+    tables = {}
+    for name in names:
+        if name in CATALOG_TABLES:
+            continue
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({quote(name)})")}
+        if "_key" not in columns:
+            continue
+        rows, pages = conn.execute(
+            f"SELECT count(*), count(DISTINCT _key) FROM {quote(name)}"
+        ).fetchone()
+        tables[name] = ItemTable(name, rows, pages)
+    return tables
+
+
+def read_catalogs(paths: list[Path]) -> CatalogSummary:
+    total = CatalogSummary()
+    for path in paths:
+        total.add(read_catalog(path))
+    return total
+
+
+# -- the proxy hub ---------------------------------------------------------------------------
+
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<userinfo>[^@/\s]+)@", re.I)
+
+
+def redact(url: str) -> str:
+    """``http://user:secret@host`` as ``http://user:***@host`` (a lone user as ``***``)."""
+
+    def sub(match: re.Match[str]) -> str:
+        user, sep, _ = match.group("userinfo").partition(":")
+        return f"{match.group('scheme')}{user + ':***' if sep else '***'}@"
+
+    return _CREDENTIALS.sub(sub, url)
+
+
+@dataclass
+class HubProxy:
+    id: int
+    url: str  # redacted
+    enabled: bool
+    state: str
+    total_uses: int
+    failures: int
+    bans: int
+    resting_until: float | None
+
+
+@dataclass
+class HubLease:
+    proxy_id: int
+    started: float
+    ended: float | None
+    requests: int
+    bans: int
+    end_reason: str | None
+
+
+@dataclass
+class HubSummary:
+    url: str  # redacted
+    now: float
+    proxies: list[HubProxy]
+    leases: list[HubLease]
+
+
+def read_hub(hub_url: str, now: float) -> HubSummary:
+    """The hub's proxies and their leases, through a plain database connection.
+
+    Kept in this one function so that it can be switched to the hub's own API.
+    """
+    proxy_sql = (
+        "SELECT id, url, enabled, state, total_uses, failures, bans, resting_until "
+        "FROM hub_proxies ORDER BY id"
+    )
+    lease_sql = (
+        "SELECT proxy_id, started, ended, requests, bans, end_reason "
+        "FROM hub_proxy_usage ORDER BY started"
+    )
+    try:
+        if hub_url.startswith("sqlite:///"):
+            conn = open_readonly(Path(hub_url[len("sqlite:///") :]))
+        elif hub_url.startswith(("postgresql://", "postgres://")):
+            import psycopg
+
+            conn = psycopg.connect(hub_url, connect_timeout=10)
+        else:
+            raise ReportError(
+                f"HUB_URL {redact(hub_url)!r} is not supported: use sqlite:///path/hub.db "
+                "or postgresql://..."
+            )
+        try:
+            proxies = [
+                HubProxy(r[0], redact(r[1]), bool(r[2]), r[3], r[4], r[5], r[6], r[7])
+                for r in conn.execute(proxy_sql).fetchall()
+            ]
+            leases = [HubLease(*r) for r in conn.execute(lease_sql).fetchall()]
+        finally:
+            conn.close()
+    except ReportError:
+        raise
+    except Exception as exc:  # sqlite3.Error, psycopg.Error: both name the hub
+        raise ReportError(f"hub {redact(hub_url)}: cannot read its proxies: {exc}") from exc
+    return HubSummary(redact(hub_url), now, proxies, leases)

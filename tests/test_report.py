@@ -1,0 +1,372 @@
+"""``scrapy catalog report``: a real crawl with errors, retries and a proxy hub, the page
+opened in Chromium; empty and missing directories; a Slurm-style DATA/; --watch."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from crawler.hub import Hub, redact_url
+from crawler.render import BrowserNotFoundError, find_browser
+from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
+from tests.proxy_servers import proxy_pool  # noqa: F401
+from tests.servers import need
+
+FIGURES = ("rate", "outcomes", "status", "types", "hosts", "proxies", "leases", "items")
+
+
+def report_command(data_dir: Path, output: Path, *args: str) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "scrapy",
+        "catalog",
+        "report",
+        "-s",
+        f"DATA_DIR={data_dir}",
+        "-o",
+        str(output),
+        *args,
+    ]
+
+
+def run_report(data_dir: Path, output: Path, env: dict | None = None):
+    return subprocess.run(
+        report_command(data_dir, output),
+        cwd=ROOT,
+        env=env or crawl_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def demo_urls(base: str) -> list[str]:
+    """Pages, a 500 (retried, then an error), 503s once (a retry, then a page), a 404,
+    a 410, a slow page and a binary body."""
+    urls = [f"{base}/page/{n}.html" for n in range(12)]
+    urls += [f"{base}/error/{n}" for n in range(2)]
+    urls += [f"{base}/flaky/{n}" for n in range(900, 903)]
+    urls += [f"{base}/missing/1", f"{base}/gone/2", f"{base}/slow/3?ms=300", f"{base}/binary/4"]
+    return urls
+
+
+# --- reading the page in Chromium ------------------------------------------------------------
+def chromium_path() -> str | None:
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        need("Playwright is not installed (pip install scrapy-playwright)")
+    try:
+        return find_browser(os.environ.get("CHROMIUM_PATH"))
+    except BrowserNotFoundError:
+        need("Chromium is not installed (Debian: apt-get install chromium)")
+
+
+MARKS_JS = """name => Array.from(
+    document.querySelectorAll(`#plot-${name} svg [id^="${name}-mark-"]`)
+).filter(e => { const b = e.getBBox(); return b.width > 0 || b.height > 0; }).length"""
+
+STATS_JS = """() => Object.fromEntries(Array.from(document.querySelectorAll('[data-stat]'))
+    .map(e => [e.dataset.stat, Number(e.dataset.value)]))"""
+
+
+def open_in_chromium(path: Path) -> dict:
+    """Load the page; returns console messages, page errors, marks per figure and stats."""
+    # Playwright's sync API refuses a thread whose asyncio loop runs (pytest-twisted's).
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(read_page, path).result(timeout=300)
+
+
+def read_page(path: Path) -> dict:
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, args=["--no-sandbox"], headless=True
+        )
+        try:
+            page = browser.new_page()
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+            page.on("requestfailed", lambda r: console.append(f"requestfailed: {r.url}"))
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            figures = page.eval_on_selector_all("figure.plot", "fs => fs.map(f => f.id)")
+            marks = {name: page.evaluate(MARKS_JS, name) for name in FIGURES}
+            return {
+                "console": console,
+                "figures": figures,
+                "marks": marks,
+                "stats": page.evaluate(STATS_JS),
+                "empty": page.locator("#empty").count(),
+                "settings": page.eval_on_selector_all(
+                    "[data-setting]",
+                    "es => Object.fromEntries(es.map(e => [e.dataset.setting, e.textContent]))",
+                ),
+            }
+        finally:
+            browser.close()
+
+
+# --- what the test counts itself -------------------------------------------------------------
+def log_counts(path: Path) -> dict[str, float]:
+    expected: dict[str, float] = {}
+    outcomes: Counter[str] = Counter()
+    hosts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    proxies: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    lines = 0
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        lines += 1
+        outcomes[entry["outcome"]] += 1
+        if entry["outcome"] in ("retry", "error"):
+            host = urlsplit(entry["url"]).hostname
+            kind = (entry["error"] or "").split(":")[0].strip() or f"HTTP {entry['status']}"
+            hosts[host][kind] += 1
+        if entry.get("proxy"):
+            proxies[entry["proxy"]][entry["outcome"]] += 1
+    expected["log:lines"] = lines
+    for outcome in ("ok", "cache_hit", "not_modified", "retry", "error"):
+        expected[f"outcome:{outcome}"] = outcomes[outcome]
+    for host, kinds in hosts.items():
+        expected[f"host:{host}"] = sum(kinds.values())
+        for kind, n in kinds.items():
+            expected[f"hostkind:{host}:{kind}"] = n
+    for proxy, counts in proxies.items():
+        for outcome, n in counts.items():
+            expected[f"proxylog:{proxy}:{outcome}"] = n
+    return expected
+
+
+def catalog_counts(db: Path) -> dict[str, float]:
+    conn = sqlite3.connect(db)
+    try:
+        expected: dict[str, float] = {}
+        rows, size = conn.execute("SELECT count(*), sum(bytes) FROM artifacts").fetchone()
+        expected["catalog:rows"], expected["catalog:bytes"] = rows, size
+        for status, n in conn.execute("SELECT status, count(*) FROM artifacts GROUP BY status"):
+            expected[f"status:{status}"] = n
+        types: Counter[str] = Counter()
+        for ctype, n in conn.execute("SELECT content_type, count(*) FROM artifacts GROUP BY 1"):
+            types[(ctype or "(none)").split(";")[0].strip().lower()] += n
+        for ctype, n in types.items():
+            expected[f"type:{ctype}"] = n
+        return expected
+    finally:
+        conn.close()
+
+
+def add_item_table(db: Path) -> dict[str, float]:
+    """An item table as a pipeline would write it (one row per item, ``_key`` naming the
+    page): no spider of the project writes one yet, so the test makes it."""
+    conn = sqlite3.connect(db)
+    try:
+        keys = [
+            k
+            for (k,) in conn.execute(
+                "SELECT key FROM artifacts WHERE content_type LIKE 'text/html%' ORDER BY key"
+            )
+        ]
+        covered = keys[: len(keys) // 2]
+        with conn:
+            conn.execute("CREATE TABLE page_links (_key TEXT NOT NULL, href TEXT)")
+            conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")  # no _key
+            for key in covered:
+                conn.executemany("INSERT INTO page_links VALUES (?, ?)", [(key, "/a"), (key, "/b")])
+        (rows,) = conn.execute("SELECT count(*) FROM artifacts").fetchone()
+    finally:
+        conn.close()
+    return {
+        "items:page_links:rows": 2 * len(covered),
+        "items:page_links:pages": len(covered),
+        "items:page_links:share": len(covered) / rows,
+    }
+
+
+def hub_counts(hub_url: str) -> dict[str, float]:
+    with Hub.open(hub_url) as hub:
+        leases = Counter(u.proxy_id for u in hub.usage())
+        expected = {}
+        for p in hub.proxies():
+            url = redact_url(p.url)
+            expected[f"proxy:{url}:requests"] = p.total_uses
+            expected[f"proxy:{url}:bans"] = p.bans
+            expected[f"proxy:{url}:leases"] = leases[p.id]
+        return expected
+
+
+def assert_stats(shown: dict[str, float], expected: dict[str, float]) -> None:
+    missing = sorted(set(expected) - set(shown))
+    assert not missing, f"not in the page: {missing}"
+    wrong = {k: (shown[k], v) for k, v in expected.items() if shown[k] != pytest.approx(v)}
+    assert not wrong, f"page vs counted: {wrong}"
+
+
+# --- tests -----------------------------------------------------------------------------------
+def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_pool):  # noqa: F811
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    with Hub.open(hub_url) as hub:
+        # The 403 proxy first: the crawl's first lease is banned and rests.
+        hub.add_proxies([proxy_pool["proxy-deny"].url])
+        hub.add_proxies([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
+    data_dir = tmp_path / "data"
+    urls = write_urls(tmp_path / "urls.txt", demo_urls(site.base_url))
+    done = run_crawl(
+        urls,
+        data_dir,
+        "-s",
+        f"HUB_URL={hub_url}",
+        "-s",
+        "PROXY_ROTATE_EVERY=3",
+        "-s",
+        "PROXY_REST_SECONDS=0",
+        "-s",
+        "PROXY_BAN_REST_SECONDS=3600",
+        "-s",
+        "PROXY_LEASES_PER_PROCESS=1",
+        "-s",
+        "CONCURRENT_REQUESTS=2",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = log_counts(data_dir / "fetch_log.jsonl")
+    assert expected["outcome:retry"] > 0 and expected["outcome:error"] > 0
+    assert any(k.startswith("proxylog:") for k in expected), "the crawl went through proxies"
+    expected |= add_item_table(data_dir / "metadata.db")
+    expected |= catalog_counts(data_dir / "metadata.db")
+    expected |= hub_counts(hub_url)
+    assert any(k.endswith(":bans") and v for k, v in expected.items()), "a proxy was banned"
+
+    output = tmp_path / "out" / "report.html"
+    env = crawl_env() | {"HUB_URL": hub_url}  # the hub from the environment, as a crawl's
+    made = run_report(data_dir, output, env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    text = output.read_text()
+    assert "<script" not in text and "http://" not in text.split("<body")[0]
+    assert "pr0xy-s3cret" not in text, "proxy credentials are redacted"
+
+    page = open_in_chromium(output)
+    assert page["console"] == []
+    assert sorted(page["figures"]) == sorted(f"plot-{name}" for name in FIGURES)
+    assert all(page["marks"][name] > 0 for name in FIGURES), page["marks"]
+    assert_stats(page["stats"], expected)
+    assert "items:notes:rows" not in page["stats"], "a table without _key is not an item table"
+    assert page["settings"]["DATA_DIR"] == str(data_dir)
+    assert page["settings"]["HUB_URL"] == hub_url
+
+
+def test_empty_data_dir_says_so(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    output = tmp_path / "report.html"
+    made = run_report(empty, output)
+    assert made.returncode == 0, made.stderr[-3000:]
+    page = open_in_chromium(output)
+    assert page["console"] == [] and page["empty"] == 1 and page["figures"] == []
+
+
+def test_missing_data_dir_is_an_error(tmp_path):
+    missing = tmp_path / "nowhere"
+    made = run_report(missing, tmp_path / "report.html")
+    assert made.returncode == 2
+    assert f"{missing}: no such data directory" in made.stderr
+    assert not (tmp_path / "report.html").exists()
+
+
+def ship(data_dir: Path, catalogs: Path, name: str) -> None:
+    """Lay a crawl's catalog and log out as a Slurm task's, as the shipper does."""
+    src = sqlite3.connect(data_dir / "metadata.db")
+    dst = sqlite3.connect(catalogs / f"{name}.db")
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    shutil.copyfile(data_dir / "fetch_log.jsonl", catalogs / f"{name}.fetch_log.jsonl")
+
+
+def test_slurm_data_shows_each_task(tmp_path, site):
+    catalogs = tmp_path / "DATA" / "catalogs"
+    catalogs.mkdir(parents=True)
+    names = ["7_0_r0_p0", "7_1_r0_p0"]
+    expected: dict[str, float] = {"catalog:rows": 0}
+    for i, name in enumerate(names):
+        urls = [f"{site.base_url}/page/{n}.html" for n in range(100 + 10 * i, 108 + 10 * i)]
+        urls += [f"{site.base_url}/error/{50 + i}"]
+        data_dir = tmp_path / f"task{i}"
+        done = run_crawl(write_urls(tmp_path / f"urls{i}.txt", urls), data_dir)
+        assert done.returncode == 0, done.stderr[-3000:]
+        ship(data_dir, catalogs, name)
+        counts = log_counts(catalogs / f"{name}.fetch_log.jsonl")
+        expected[f"task:{name}:lines"] = counts["log:lines"]
+        expected[f"task:{name}:pages"] = counts["outcome:ok"]
+        expected["catalog:rows"] += catalog_counts(catalogs / f"{name}.db")["catalog:rows"]
+    output = tmp_path / "report.html"
+    made = run_report(tmp_path / "DATA", output)
+    assert made.returncode == 0, made.stderr[-3000:]
+    page = open_in_chromium(output)
+    assert page["console"] == []
+    assert_stats(page["stats"], expected)
+    assert all(page["stats"][f"task:{name}:pages_per_s"] > 0 for name in names)
+    # Two lines (pages/s and bytes/s) per task.
+    assert page["marks"]["rate"] == 2 * len(names)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_watch_rewrites_until_interrupted(tmp_path, site, signum):
+    data_dir = tmp_path / "data"
+    done = run_crawl(write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = tmp_path / "live" / "report.html"
+    watcher = subprocess.Popen(
+        report_command(data_dir, output, "--watch", "0.2"),
+        cwd=ROOT,
+        env=crawl_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        first = wait_for(lambda: output.exists() and output.stat().st_mtime_ns, watcher)
+        wait_for(lambda: output.stat().st_mtime_ns != first, watcher)
+        # What the log gains while it is watched shows in a later rewrite.
+        log = data_dir / "fetch_log.jsonl"
+        lines = log.read_text().splitlines()
+        with log.open("a") as out:
+            out.write("\n".join(lines) + "\n")
+        shown = f'data-stat="log:lines" data-value="{2 * len(lines)}"'
+        wait_for(lambda: shown in output.read_text(), watcher)
+        watcher.send_signal(signum)
+        _, stderr = watcher.communicate(timeout=60)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+    assert watcher.returncode == 0, stderr[-3000:]
+    assert "</html>" in output.read_text()
+    assert [p.name for p in output.parent.iterdir()] == ["report.html"], "no temporary left"
+
+
+def wait_for(condition, process: subprocess.Popen, limit: float = 120.0):
+    """Poll *condition* until it is true; fail if *process* exits or *limit* passes."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        assert process.poll() is None, process.communicate()[1][-3000:]
+        time.sleep(0.05)
+    raise AssertionError("the report was not (re)written")
