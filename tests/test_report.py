@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from crawler.hub import Hub, redact_url
+from crawler.hub import Hub, ProxyPool, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.proxy_servers import proxy_pool  # noqa: F401
@@ -199,9 +199,10 @@ def add_item_table(db: Path) -> dict[str, float]:
 
 def hub_counts(hub_url: str) -> dict[str, float]:
     with Hub.open(hub_url) as hub:
-        leases = Counter(u.proxy_id for u in hub.usage())
+        pool = ProxyPool(hub)
+        leases = Counter(u.proxy_id for u in pool.usage())
         expected = {}
-        for p in hub.proxies():
+        for p in pool.proxies():
             url = redact_url(p.url)
             expected[f"proxy:{url}:requests"] = p.total_uses
             expected[f"proxy:{url}:bans"] = p.bans
@@ -221,8 +222,9 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     hub_url = f"sqlite:///{tmp_path}/hub.db"
     with Hub.open(hub_url) as hub:
         # The 403 proxy first: the crawl's first lease is banned and rests.
-        hub.add_proxies([proxy_pool["proxy-deny"].url])
-        hub.add_proxies([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
+        pool = ProxyPool(hub)
+        pool.add([proxy_pool["proxy-deny"].url])
+        pool.add([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
     data_dir = tmp_path / "data"
     urls = write_urls(tmp_path / "urls.txt", demo_urls(site.base_url))
     done = run_crawl(

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from crawler.hub import Holder, Hub, RestPolicy, UsageCounts, redact_url
+from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts, redact_url
 from crawler.report import logread
 from crawler.report.html import lease_spans
 from crawler.report.logread import MAX_BINS, LogFollower, LogStats, read_action_log
@@ -105,14 +105,15 @@ def any_hub_url(request, tmp_path):
 
 def test_hub_is_read_from_sqlite_and_postgresql(any_hub_url):
     with Hub.open(any_hub_url) as hub:
-        hub.add_proxies(["http://bob:s3cret-pw@10.0.0.1:3128", "http://10.0.0.2:3128"])
+        pool = ProxyPool(hub)
+        pool.add(["http://bob:s3cret-pw@10.0.0.1:3128", "http://10.0.0.2:3128"])
         holder = Holder("node1", 42, "7_3")
-        banned = hub.acquire(holder, ttl=60)
-        hub.release(banned, "banned", UsageCounts(requests=3, failures=1, bans=1))
-        rotated = hub.acquire(holder, ttl=60)
-        hub.release(rotated, "rotated", UsageCounts(requests=5), RestPolicy(rest_seconds=0))
-        held = hub.acquire(holder, ttl=60)  # still held when the report reads the hub
-        proxies, usage, now = hub.proxies(), hub.usage(), hub.now()
+        banned = pool.acquire(holder, ttl=60)
+        pool.release(banned, "banned", UsageCounts(requests=3, failures=1, bans=1))
+        rotated = pool.acquire(holder, ttl=60)
+        pool.release(rotated, "rotated", UsageCounts(requests=5), RestPolicy(rest_seconds=0))
+        held = pool.acquire(holder, ttl=60)  # still held when the report reads the hub
+        proxies, usage, now = pool.proxies(), pool.usage(), hub.now()
     assert held is not None and held.proxy_id == rotated.proxy_id != banned.proxy_id
     read = read_hub(any_hub_url, now)
     assert [p.url for p in read.proxies] == [redact_url(p.url) for p in proxies]
