@@ -13,6 +13,8 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
     /binary/N             random bytes, application/octet-stream
     /latin1/N             an ISO-8859-1 page
     /slow/N               a page sent after a delay (?ms=...)
+    /hold/PATH            what PATH answers, sent only once the gate is open (``hold()``,
+                          ``release()``): a request a test keeps in flight until it says so
     /private/N            a page robots.txt forbids
     /robots.txt           Disallow: /private/
     /product/N.html       a shop's product page (the ``products`` example spider)
@@ -63,6 +65,9 @@ WORDS = [
 ]
 BRANDS = ["Acme", "Globex", "Initech", "Umbrella", "Hooli", "Vandelay"]
 LAST_MODIFIED = formatdate(1_700_000_000, usegmt=True)
+# A held request is answered after this long even if the gate stays shut, so that a
+# test that forgot to release it does not keep a server thread for good.
+HOLD_LIMIT_SECONDS = 600
 
 
 class Answer:
@@ -82,6 +87,8 @@ class DemoSite:
         self.versions: Counter[str] = Counter()
         self.request_headers: dict[str, dict] = {}
         self._lock = threading.Lock()
+        self._gate = threading.Event()
+        self._gate.set()
         self._server: ThreadingHTTPServer | None = None
         self.base_url = ""
 
@@ -207,6 +214,10 @@ class DemoSite:
             with self._lock:
                 self.counts[route] += 1
                 self.request_headers[route] = headers
+        if route.startswith("/hold/"):
+            if serving:
+                self._gate.wait(HOLD_LIMIT_SECONDS)
+            route = route[len("/hold") :]
         seen = self.counts[route]
         version = self.versions[route]
         segs = route.strip("/").split("/")
@@ -303,6 +314,14 @@ class DemoSite:
         """Change the content behind ``path`` (new body, new ETag)."""
         with self._lock:
             self.versions[urlsplit(path).path] += 1
+
+    def hold(self) -> None:
+        """Shut the gate: requests for /hold/... wait until :meth:`release`."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        """Open the gate: held requests are answered, new ones at once."""
+        self._gate.set()
 
     def reset_counts(self) -> None:
         with self._lock:
