@@ -22,6 +22,10 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
     /js/N                 a page whose title, text and links appear only after JavaScript
                           runs (?delay=MS: after that pause); its image is /img/N.png
 
+Pages whose number is a multiple of 50 also link to themselves on ``localhost`` (the
+same server under another registered domain) and, by an absolute URL, to the page two
+further on.
+
 Run it: ``python -m demo.site --pages 3000 --port 8000``.
 """
 
@@ -112,6 +116,10 @@ class DemoSite:
             parts.append(f"<a href='/redirect/{(n + 1) % self.pages}'>moved</a>")
             parts.append(f"<a href='/missing/{n}'>missing</a>")
             parts.append(f"<a href='/private/{n}'>private</a>")
+            if self.base_url:
+                port = urlsplit(self.base_url).port
+                parts.append(f"<a href='http://localhost:{port}/page/{n}.html'>elsewhere</a>")
+                parts.append(f"<a href='{self.base_url}/page/{(n + 2) % self.pages}.html'>on</a>")
         if encoding != "utf-8":
             parts.append("<p>caf\u00e9 na\u00efve fa\u00e7ade</p>")
         size = len("".join(parts))
