@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 from crawler.actionlog import read as read_log
 from crawler.archive import (
     Indexed,
+    TruncatedRecordError,
     index_any,
     index_file,
     index_record,
@@ -60,21 +61,21 @@ def response_records(data_dir: Path) -> Counter:
 
 
 def index_file_tolerant(path: Path, data_dir: Path) -> list[Row]:
+    """The rows of one archive file. A closed file must index whole; a file still
+    ``.open`` may end inside a record (a kill), and only that is forgiven."""
     if is_zip(path):
         return index_any(path, data_dir).rows
-    try:
+    if not path.name.endswith(".open"):
         return index_file(path, data_dir).rows
-    except Exception:
-        # An open file may end inside a record: count the complete ones.
-        out = Indexed()
-        with open(path, "rb") as f:
-            try:
-                for offset, length, raw in iter_members(f):
-                    record, _ = parse_record(raw)
-                    index_record(record, path.name, offset, length, out)
-            except Exception:
-                pass
-        return out.rows
+    out = Indexed()
+    with open(path, "rb") as f:
+        try:
+            for offset, length, raw in iter_members(f):
+                record, _ = parse_record(raw)
+                index_record(record, path.name, offset, length, out)
+        except TruncatedRecordError:
+            pass  # the torn tail: the complete records before it are counted
+    return out.rows
 
 
 def actions(data_dir: Path) -> list[dict]:
