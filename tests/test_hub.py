@@ -27,7 +27,7 @@ from crawler.hub import (
     normalize_proxy_url,
     redact_url,
 )
-from tests.servers import need
+from tests.servers import need, need_module
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_TEST_URL = os.environ.get("PG_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -237,7 +237,7 @@ def test_expired_lease_is_taken_over_and_its_holder_told(hub):
 
 # --- bad input ---------------------------------------------------------------------------
 def test_unreachable_postgres_is_a_clear_error():
-    pytest.importorskip("psycopg")
+    need_module("psycopg")
     with pytest.raises(HubUnavailableError) as info:
         Hub.open("postgresql://bob:hunter2@127.0.0.1:1/x", connect_timeout=5)
     message = str(info.value)
@@ -247,7 +247,7 @@ def test_unreachable_postgres_is_a_clear_error():
 
 def test_silent_hub_times_out_instead_of_hanging():
     """A server that accepts TCP but never answers: the connect timeout ends the wait."""
-    pytest.importorskip("psycopg")
+    need_module("psycopg")
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
