@@ -84,29 +84,6 @@ def test_write_then_read_round_trip(tmp_path):
     assert index_file(path, tmp_path).rows == [row]
 
 
-def test_request_record_hides_credentials(tmp_path):
-    from scrapy.http import Headers
-
-    from middlewares.archive import _HIDDEN_REQUEST_HEADERS, _headers
-
-    sent = Headers(
-        {
-            "User-Agent": "t",
-            "Proxy-Authorization": "Basic c2VjcmV0",
-            "Authorization": "Basic c2VjcmV0",
-        }
-    )
-    record = fetch()
-    record.request_headers = _headers(sent, _HIDDEN_REQUEST_HEADERS)
-    writer = ArchiveWriter(tmp_path / "archive", tmp_path)
-    row = writer.write_fetch(record)
-    writer.close()
-    with open(tmp_path / row.archive, "rb") as f:
-        stored = b"".join(raw for _, _, raw in iter_members(f))
-    assert b"User-Agent: t" in stored
-    assert b"c2VjcmV0" not in stored
-
-
 def test_rollover_renames_closed_files(tmp_path):
     writer = ArchiveWriter(tmp_path / "archive", tmp_path, rollover_bytes=1)
     first = writer.write_fetch(fetch("a"))
