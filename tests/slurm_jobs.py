@@ -1,6 +1,6 @@
 """Submitting crawls with ``slurm/submit`` and reading what they left, as a user would.
 
-Helpers for the tests that run the project on the real single-node cluster of
+Shared by the tests that run the project on the real single-node cluster of
 tests/slurm_cluster.py: the shared data directory is read with sqlite3 and the logs as
 text; nothing here imports the project.
 """
