@@ -13,12 +13,18 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
     /binary/N             random bytes, application/octet-stream
     /latin1/N             an ISO-8859-1 page
     /slow/N               a page sent after a delay (?ms=...)
+    /hold/PATH            what PATH answers, sent only once the gate is open (``hold()``,
+                          ``release()``): a request a test keeps in flight until it says so
     /private/N            a page robots.txt forbids
     /robots.txt           Disallow: /private/
     /product/N.html       a shop's product page (the ``products`` example spider)
     /sitemap.xml          an XML sitemap of the first pages
     /js/N                 a page whose title, text and links appear only after JavaScript
                           runs (?delay=MS: after that pause); its image is /img/N.png
+
+Pages whose number is a multiple of 50 also link to themselves on ``localhost`` (the
+same server under another registered domain) and, by an absolute URL, to the page two
+further on.
 
 Run it: ``python -m demo.site --pages 3000 --port 8000``.
 """
@@ -63,6 +69,9 @@ WORDS = [
 ]
 BRANDS = ["Acme", "Globex", "Initech", "Umbrella", "Hooli", "Vandelay"]
 LAST_MODIFIED = formatdate(1_700_000_000, usegmt=True)
+# A held request is answered after this long even if the gate stays shut, so that a
+# test that forgot to release it does not keep a server thread for good.
+HOLD_LIMIT_SECONDS = 600
 
 
 class Answer:
@@ -82,6 +91,8 @@ class DemoSite:
         self.versions: Counter[str] = Counter()
         self.request_headers: dict[str, dict] = {}
         self._lock = threading.Lock()
+        self._gate = threading.Event()
+        self._gate.set()
         self._server: ThreadingHTTPServer | None = None
         self.base_url = ""
 
@@ -105,6 +116,10 @@ class DemoSite:
             parts.append(f"<a href='/redirect/{(n + 1) % self.pages}'>moved</a>")
             parts.append(f"<a href='/missing/{n}'>missing</a>")
             parts.append(f"<a href='/private/{n}'>private</a>")
+            if self.base_url:
+                port = urlsplit(self.base_url).port
+                parts.append(f"<a href='http://localhost:{port}/page/{n}.html'>elsewhere</a>")
+                parts.append(f"<a href='{self.base_url}/page/{(n + 2) % self.pages}.html'>on</a>")
         if encoding != "utf-8":
             parts.append("<p>caf\u00e9 na\u00efve fa\u00e7ade</p>")
         size = len("".join(parts))
@@ -207,6 +222,10 @@ class DemoSite:
             with self._lock:
                 self.counts[route] += 1
                 self.request_headers[route] = headers
+        if route.startswith("/hold/"):
+            if serving:
+                self._gate.wait(HOLD_LIMIT_SECONDS)
+            route = route[len("/hold") :]
         seen = self.counts[route]
         version = self.versions[route]
         segs = route.strip("/").split("/")
@@ -303,6 +322,14 @@ class DemoSite:
         """Change the content behind ``path`` (new body, new ETag)."""
         with self._lock:
             self.versions[urlsplit(path).path] += 1
+
+    def hold(self) -> None:
+        """Shut the gate: requests for /hold/... wait until :meth:`release`."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        """Open the gate: held requests are answered, new ones at once."""
+        self._gate.set()
 
     def reset_counts(self) -> None:
         with self._lock:

@@ -54,11 +54,14 @@ def response_records(data_dir: Path) -> Counter:
 
 
 def index_file_tolerant(path: Path, data_dir: Path) -> list[Row]:
+    """The rows of one archive file. A closed file must index whole; a file still
+    open for writing may end inside a record (a kill), and only that is forgiven."""
     fmt = formats.for_path(path)
+    if not path.name.endswith(".open"):
+        return fmt.index(path, data_dir).rows
     try:
         return fmt.index(path, data_dir).rows
     except TruncatedRecordError:
-        # An open file may end inside a record: count the complete ones before it.
         scan = Scan()
         fmt.scan(path, path.name, scan)
         return scan.indexed.rows

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 
@@ -14,6 +15,12 @@ def need(reason: str) -> None:
         pytest.fail(reason)
     else:
         pytest.skip(reason)
+
+
+def need_module(name: str) -> None:
+    """need() for a Python package a test cannot run without (psycopg for PostgreSQL)."""
+    if importlib.util.find_spec(name) is None:
+        need(f"the Python package {name} is not installed (pip install -r requirements.txt)")
 
 
 def free_port() -> int:

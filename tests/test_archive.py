@@ -55,28 +55,6 @@ def test_write_then_read_round_trip(tmp_path):
     assert WARC.index(path, tmp_path).rows == [row]
 
 
-def test_request_record_hides_credentials(tmp_path):
-    from scrapy.http import HtmlResponse, Request
-
-    from middlewares.archive import response_fetch
-
-    sent = {
-        "User-Agent": "t",
-        "Proxy-Authorization": "Basic c2VjcmV0",
-        "Authorization": "Basic c2VjcmV0",
-    }
-    request = Request("http://example.org/k1", headers=sent)
-    response = HtmlResponse("http://example.org/k1", body=BODY, request=request)
-    record = response_fetch("k1", request, response)
-    writer = WarcWriter(tmp_path / "archive", tmp_path)
-    row = writer.write_fetch(record)
-    writer.close()
-    with open(tmp_path / row.archive, "rb") as f:
-        stored = b"".join(raw for _, _, raw in iter_members(f))
-    assert b"User-Agent: t" in stored
-    assert b"c2VjcmV0" not in stored
-
-
 def test_rollover_renames_closed_files(tmp_path):
     writer = WarcWriter(tmp_path / "archive", tmp_path, rollover_bytes=1)
     first = writer.write_fetch(fetch("a"))

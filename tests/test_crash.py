@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 import signal
-import time
 
 import pytest
 
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
 from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
+from tests.events import committed_rows, wait_until
 
 PAGES = 300
 
@@ -18,6 +18,9 @@ PAGES = 300
 def test_kill_minus_9_at_random_moments_then_resume(site, tmp_path, data_dir, archive_format):
     rng = random.Random()
     urls = [f"{site.base_url}/slow/{n}?ms=50" for n in range(PAGES)]
+    # Held in flight until the end: no run can finish before it is killed.
+    held = f"{site.base_url}/hold/page/{PAGES}.html"
+    urls.insert(2, held)
     url_file = write_urls(tmp_path / "urls.txt", urls)
     # Small batches and rollovers: more commits and file switches to be killed in.
     args = (
@@ -30,22 +33,32 @@ def test_kill_minus_9_at_random_moments_then_resume(site, tmp_path, data_dir, ar
         "-s",
         f"ARCHIVE_FORMAT={archive_format}",
     )
-    committed = []
-    for attempt in range(3):
-        proc = start_crawl(url_file, data_dir, *args, log_path=tmp_path / f"crawl{attempt}.log")
-        time.sleep(rng.uniform(1.5, 4.0))
-        kill_group(proc, signal.SIGKILL)
-        # Before any repair: every committed row points at a complete record
-        # holding the served bytes (open files included).
-        committed.append(len(assert_rows_readable(data_dir, site)))
-    # The kills landed mid-crawl, after some rows were committed.
-    print("rows committed at each kill:", committed)
-    assert any(0 < n < PAGES for n in committed), committed
+    site.reset_counts()
+    site.hold()
+    try:
+        for attempt in range(3):
+            # Killed at a random moment: once a random number of further rows is
+            # committed, then a random number of further responses later.
+            target = committed_rows(data_dir) + rng.randint(1, 60)
+            log = tmp_path / f"crawl{attempt}.log"
+            proc = start_crawl(url_file, data_dir, *args, log_path=log)
+            try:
+                wait_until(lambda n=target: committed_rows(data_dir) >= n, "rows", proc=proc)
+                served = sum(site.counts.values()) + rng.randint(0, 20)
+                wait_until(lambda n=served: sum(site.counts.values()) >= n, "responses", proc=proc)
+            finally:
+                kill_group(proc, signal.SIGKILL)
+            # Before any repair: every committed row points at a complete record
+            # holding the served bytes (open files included).
+            rows = assert_rows_readable(data_dir, site)
+            assert len(rows) >= target and held not in rows_by_url(data_dir)
+    finally:
+        site.release()
     result = run_crawl(url_file, data_dir, *args, timeout=300)
     assert result.returncode == 0, result.stderr
     rows = assert_rows_readable(data_dir, site)
     assert set(rows_by_url(data_dir)) == set(urls)
-    assert len(rows) == PAGES
+    assert len(rows) == PAGES + 1
     # Records that reached the disk were indexed on restart, not fetched again:
     # every page has exactly one complete response record across the archives.
     records = response_records(data_dir)

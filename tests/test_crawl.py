@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections import Counter
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from warcio.archiveiterator import ArchiveIterator
@@ -35,7 +37,9 @@ def test_bytes_stored_equal_bytes_served(site, tmp_path, data_dir):
 
 def test_stored_headers_describe_the_stored_payload(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/gzip/7", f"{site.base_url}/chunked/7"]
-    run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
+    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
+    assert result.returncode == 0, result.stderr
+    checked = []
     for path in (data_dir / "archive").glob("*.warc.gz"):
         with open(path, "rb") as f:
             for record in ArchiveIterator(f):
@@ -46,9 +50,10 @@ def test_stored_headers_describe_the_stored_payload(site, tmp_path, data_dir):
                 assert headers.get_header("Content-Encoding") is None
                 assert headers.get_header("Transfer-Encoding") is None
                 assert int(headers.get_header("Content-Length")) == len(body)
-                assert body == site.payload(
-                    record.rec_headers.get_header("WARC-Target-URI").split(site.base_url)[1]
-                )
+                uri = record.rec_headers.get_header("WARC-Target-URI")
+                assert body == site.payload(uri.split(site.base_url)[1])
+                checked.append(uri)
+    assert sorted(checked) == sorted(urls)
 
 
 def test_archive_passes_warcio_check_and_cdxj_indexer(site, tmp_path, data_dir):
@@ -217,12 +222,43 @@ def test_revalidation_sends_validators_and_handles_304_and_200(site, tmp_path, d
     assert outcomes["not_modified"] == 1 and outcomes["ok"] == 3
 
 
+def linked_within(site, start: str, depth: int) -> dict[str, int]:
+    """URL -> fewest links from ``start``, up to ``depth``, reading the served pages as
+    the site spider should: links on the same host (an IP is its own registered
+    domain; ``localhost`` is another one), redirects followed, robots.txt obeyed."""
+    found, frontier = {start: 0}, [start]
+    for level in range(1, depth + 1):
+        nxt = []
+        for url in frontier:
+            answer = site.answer(urlsplit(url).path, {}, serving=False)
+            while answer.status in (301, 302):
+                url = urljoin(url, answer.headers["Location"])
+                answer = site.answer(urlsplit(url).path, {}, serving=False)
+            for href in re.findall(r"href='([^']*)'", answer.body.decode("utf-8", "replace")):
+                link = urljoin(url, href)
+                if urlsplit(link).hostname == "127.0.0.1" and link not in found:
+                    found[link] = level
+                    nxt.append(link)
+        frontier = [u for u in nxt if "/private/" not in u]
+    return found
+
+
 def test_depth_crawl_stays_on_site_and_resumes_to_the_same_pages(site, tmp_path):
-    url_file = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/100.html"])
+    start = f"{site.base_url}/page/100.html"
+    url_file = write_urls(tmp_path / "urls.txt", [start])
     full, part = tmp_path / "full", tmp_path / "part"
+    site.reset_counts()
     assert run_crawl(url_file, full, "-a", "depth=2").returncode == 0
     reached = set(rows_by_url(full))
-    assert len(reached) > 20
+    # Exactly the pages within two links, none on localhost, none deeper.
+    within = {u for u in linked_within(site, start, 2) if "/private/" not in u}
+    assert reached == within
+    links = re.findall(r"href='([^']*)'", site.payload("/page/100.html").decode())
+    assert [h for h in links if urlsplit(h).hostname == "localhost"], "it links off site"
+    assert all(urlsplit(u).hostname == "127.0.0.1" for u in reached)
+    deeper = {urlsplit(u).path for u, d in linked_within(site, start, 3).items() if d == 3}
+    deeper -= {urlsplit(u).path for u in within}
+    assert deeper and not {p for p in deeper if site.counts[p]}, "fetched beyond depth 2"
     stopped = run_crawl(url_file, part, "-a", "depth=2", "-s", "CLOSESPIDER_PAGECOUNT=8")
     assert stopped.returncode == 75, stopped.stderr
     assert len(rows_by_url(part)) < len(reached)
@@ -273,15 +309,32 @@ def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir
         other.acquire()
 
 
+BLOCK = 1 << 20  # UrlList.count() reads the list in blocks of this size
+
+
 @pytest.mark.parametrize(
-    "text",
-    ["a\n\n# c\nb\n", "# x\na\nb", "\n\na\r\n\r\nb\r\n", "a\n" * 3, "", "\n", "x\n" * 300_000],
+    ("text", "entries"),
+    [
+        ("a\n\n# c\nb\n", 2),
+        ("# x\na\nb", 2),
+        ("\n\na\r\n\r\nb\r\n", 2),
+        ("a\n" * 3, 3),
+        ("", 0),
+        ("\n", 0),
+        ("# only a comment\n", 0),
+        ("x\n" * 300_000, 300_000),
+        # Lines that end, or comments that start, exactly where a block does.
+        ("a" * (BLOCK - 1) + "\nb\n", 2),
+        ("a" * (BLOCK - 2) + "\n#c\nb\n", 2),
+        ("a" * BLOCK + "\n\n#c\n", 1),
+        ("a" * (BLOCK - 1) + "\n" + "b" * BLOCK + "\nc", 3),
+    ],
 )
-def test_url_list_count_equals_its_entries(tmp_path, text):
+def test_url_list_count_equals_its_entries(tmp_path, text, entries):
     from crawler.spiderkit.urls import UrlList
 
     path = tmp_path / "urls.txt"
     path.write_bytes(text.encode())
     urls = UrlList(str(path))
-    counted = urls.count()
-    assert counted == sum(1 for _ in urls)  # iterating reads (and closes) the file
+    assert urls.count() == entries
+    assert sum(1 for _ in urls) == entries  # iterating reads (and closes) the file

@@ -1,14 +1,13 @@
-"""Stops and failures: signals, a full disk, exit statuses."""
+"""Stops and failures: a full disk, exit statuses (signals: test_signals.py)."""
 
 from __future__ import annotations
 
 import resource
 import signal
 import subprocess
-import time
 
 from tests.checks import assert_rows_readable, rows_by_url
-from tests.conftest import ROOT, crawl_command, crawl_env, run_crawl, start_crawl, write_urls
+from tests.conftest import ROOT, crawl_command, crawl_env, run_crawl, write_urls
 
 
 def _limit_file_size(limit: int):
@@ -39,54 +38,6 @@ def test_full_disk_stops_with_a_clear_error_and_loses_nothing(site, tmp_path, da
     assert ".warc.gz" in result.stderr  # names the file
     kept = assert_rows_readable(data_dir, site)
     assert 0 < len(kept) < len(urls)
-    resumed = run_crawl(url_file, data_dir)
-    assert resumed.returncode == 0, resumed.stderr
-    assert set(rows_by_url(data_dir)) == set(urls)
-    assert_rows_readable(data_dir, site)
-
-
-def _stop_with(signals_to_send, site, tmp_path, data_dir):
-    urls = [f"{site.base_url}/slow/{n}?ms=100" for n in range(200)]
-    url_file = write_urls(tmp_path / "urls.txt", urls)
-    proc = start_crawl(
-        url_file,
-        data_dir,
-        "-s",
-        "CONCURRENT_REQUESTS_PER_DOMAIN=2",
-        log_path=tmp_path / "crawl.log",
-    )
-    deadline = time.monotonic() + 60
-    log = tmp_path / "crawl.log"
-    while "Storing in" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    time.sleep(1.0)
-    for sig in signals_to_send:
-        proc.send_signal(sig)
-        time.sleep(0.05)
-    code = proc.wait(timeout=120)
-    return code, log.read_text(), urls, url_file
-
-
-def test_sigusr1_stops_gracefully_and_a_rerun_resumes(site, tmp_path, data_dir):
-    code, log, urls, url_file = _stop_with([signal.SIGUSR1], site, tmp_path, data_dir)
-    assert code == 75, log
-    assert "Received SIGUSR1" in log
-    assert "(shutdown)" in log
-    kept = assert_rows_readable(data_dir, site)
-    assert 0 < len(kept) < len(urls)
-    assert not list((data_dir / "archive").glob("*.open"))  # closed properly
-    resumed = run_crawl(url_file, data_dir)
-    assert resumed.returncode == 0, resumed.stderr
-    assert set(rows_by_url(data_dir)) == set(urls)
-
-
-def test_a_second_signal_forces_a_stop_that_keeps_committed_rows_valid(site, tmp_path, data_dir):
-    code, log, urls, url_file = _stop_with(
-        [signal.SIGTERM, signal.SIGTERM], site, tmp_path, data_dir
-    )
-    assert code != 0, log
-    assert "forcing unclean shutdown" in log.lower() or "Received SIGTERM twice" in log, log
-    assert_rows_readable(data_dir, site)
     resumed = run_crawl(url_file, data_dir)
     assert resumed.returncode == 0, resumed.stderr
     assert set(rows_by_url(data_dir)) == set(urls)

@@ -27,6 +27,7 @@ from crawler.hub import (
     redact_url,
 )
 from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
+from tests.servers import need_module
 
 ROOT = Path(__file__).resolve().parent.parent
 HOLDER = Holder("testhost", 1, "job_1")
@@ -225,7 +226,7 @@ def test_expired_lease_is_taken_over_and_its_holder_told(pool):
 
 # --- bad input ---------------------------------------------------------------------------
 def test_unreachable_postgres_is_a_clear_error():
-    pytest.importorskip("psycopg")
+    need_module("psycopg")
     with pytest.raises(HubUnavailableError) as info:
         Hub.open("postgresql://bob:hunter2@127.0.0.1:1/x", connect_timeout=5)
     message = str(info.value)
@@ -235,7 +236,7 @@ def test_unreachable_postgres_is_a_clear_error():
 
 def test_silent_hub_times_out_instead_of_hanging():
     """A server that accepts TCP but never answers: the connect timeout ends the wait."""
-    pytest.importorskip("psycopg")
+    need_module("psycopg")
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)

@@ -28,6 +28,7 @@ from crawler.hub import Holder, Hub, HubUnavailableError, ProxyPool, redact_url
 from middlewares.proxy_lease import ProxyLeaseConfig, ProxyLeaseConfigError, ProxyLeaseMiddleware
 from tests.hubs import open_proxies
 from tests.proxy_servers import PROXY_PASSWORD, PROXY_USER, origin, proxy_pool  # noqa: F401
+from tests.servers import need_module
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = [
@@ -92,7 +93,7 @@ def test_no_enabled_proxies_means_direct(tmp_path):
 
 
 def test_unreachable_hub_fails_at_start():
-    pytest.importorskip("psycopg")
+    need_module("psycopg")
     crawler = get_crawler(
         settings_dict={"HUB_URL": "postgresql://u:hunter2@127.0.0.1:1/x", "HUB_CONNECT_TIMEOUT": 3}
     )

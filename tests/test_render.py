@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +35,7 @@ from middlewares.render import RenderMiddleware, browser_proxy
 from tests.checks import actions, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import ROOT, crawl_env, kill_group, run_crawl, start_crawl, write_urls
+from tests.events import committed_rows, wait_until
 from tests.factories import rendered_fetch
 from tests.proxy_servers import PROXY_PASSWORD, proxy_pool  # noqa: F401
 from tests.servers import need
@@ -348,19 +348,24 @@ def test_render_all_with_depth_follows_rendered_links(site, tmp_path, data_dir):
 def test_sigkill_mid_render_leaves_valid_archive_and_catalog(site, tmp_path, data_dir):
     need_chromium()
     pages = 60
-    urls = [f"{site.base_url}/js/{n}?delay=150" for n in range(200, 200 + pages)]
+    urls = [f"{site.base_url}/js/{n}?delay=150" for n in range(200, 200 + pages - 1)]
+    # Held in flight until after the kill: the crawl cannot finish before it.
+    held = f"{site.base_url}/hold/js/{200 + pages}"
+    urls.insert(1, held)
     url_file = write_urls(tmp_path / "urls.txt", urls)
     args = ("-a", "render=1", "-s", WAIT_READY, "-s", "CATALOG_BATCH_SIZE=3")
-    proc = start_crawl(url_file, data_dir, *args, log_path=tmp_path / "crawl0.log")
+    site.hold()
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(catalog_rows(data_dir)) < 6:
-            time.sleep(0.2)
+        proc = start_crawl(url_file, data_dir, *args, log_path=tmp_path / "crawl0.log")
+        try:
+            wait_until(lambda: committed_rows(data_dir) >= 6, "6 rows", proc=proc)
+        finally:
+            kill_group(proc, signal.SIGKILL)
     finally:
-        kill_group(proc, signal.SIGKILL)
+        site.release()
     log = (tmp_path / "crawl0.log").read_text()
     committed = assert_rendered_rows_readable(data_dir, site)
-    assert 0 < len(committed) < pages, log[-3000:]
+    assert len(committed) >= 6 and held not in rows_by_url(data_dir), log[-3000:]
     assert list((data_dir / "archive").glob("*.open")), "killed with its archive open"
 
     result = _run(url_file, data_dir, *args)

@@ -19,6 +19,7 @@ from crawler.storage.store import Store, StoreConfig
 from slurm.ship import ShipError, Shipper, merge_shipped
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import run_crawl, write_urls
+from tests.events import wait_until
 from tests.factories import listed_body
 from tests.factories import listed_fetch as fetch
 
@@ -155,13 +156,17 @@ def test_shards_partition_the_list():
 
 
 def test_time_rollover_closes_files_after_their_rows_commit(tmp_path):
-    store = Store(StoreConfig(data_dir=tmp_path, rollover_seconds=0.2, flush_seconds=60))
+    age = 0.5
+    store = Store(StoreConfig(data_dir=tmp_path, rollover_seconds=age, flush_seconds=60))
+    started = time.monotonic()
     store.put(fetch(1))
-    store.tick()
-    assert list((tmp_path / "archive").glob("*.open"))  # not yet
-    time.sleep(0.3)
-    store.tick()
-    assert not list((tmp_path / "archive").glob("*.open"))
+
+    def rolled_over() -> bool:
+        store.tick()
+        return not list((tmp_path / "archive").glob("*.open"))
+
+    wait_until(rolled_over, "the file to roll over", timeout=60)
+    assert time.monotonic() - started >= age, "not before its age (it opened after `started`)"
     closed = list((tmp_path / "archive").glob("*.warc.gz"))
     assert len(closed) == 1
     with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:

@@ -69,11 +69,20 @@ def test_array_crawls_its_list_to_completion(slurm_cluster, site, tmp_path):  # 
 
 def test_usr1_stops_ships_and_requeues_itself(slurm_cluster, site, tmp_path):  # noqa: F811
     urls = slow_urls(site, 2000, 80, ms=300)
+    # Held in flight at the signal: the first run cannot finish before it.
+    urls.insert(10, f"{site.base_url}/hold/page/380.html")
     data = tmp_path / "data"
-    array, merge = submit(slurm_cluster, write_urls(tmp_path / "urls.txt", urls), data, 1, tmp_path)
-    wait_for(lambda: sum(fetched(site, urls).values()) >= 12, 90, "the crawl to start")
-    done = slurm_cluster.run(["scancel", "--signal=USR1", "--batch", f"{array}_0"])
-    assert done.returncode == 0, done.stderr
+    site.hold()
+    try:
+        array, merge = submit(slurm_cluster, write_urls(tmp_path / "urls.txt", urls), data, 1,
+                              tmp_path)  # fmt: skip
+        wait_for(lambda: site.counts["/hold/page/380.html"], 90, "the held request")
+        done = slurm_cluster.run(["scancel", "--signal=USR1", "--batch", f"{array}_0"])
+        assert done.returncode == 0, done.stderr
+        crawl_log = data / "logs" / f"{array}_0_r0_p0.log"
+        wait_for(lambda: "Received SIGTERM" in crawl_log.read_text(), 90, "the crawl to stop")
+    finally:
+        site.release()
     states = slurm_cluster.wait_done(f"{array}_0", timeout=150)
     assert states == ["COMPLETED"], logs(data)
     assert slurm_cluster.job_field(f"{array}_0", "Restarts") == "1"
@@ -90,13 +99,18 @@ def test_usr1_stops_ships_and_requeues_itself(slurm_cluster, site, tmp_path):  #
 
 def test_kill_then_resubmit_loses_nothing_shipped(slurm_cluster, site, tmp_path):  # noqa: F811
     urls = slow_urls(site, 3000, 120, ms=400)
+    urls.insert(3, f"{site.base_url}/hold/page/381.html")  # never answered before the kill
     data = tmp_path / "data"
     url_file = write_urls(tmp_path / "urls.txt", urls)
-    array, merge = submit(slurm_cluster, url_file, data, 1, tmp_path)
-    wait_for(lambda: len(shipped_rows(data)) >= 5, 90, "a first shipment")
-    # Hard kill: every process at once, nothing shipped on the way out. Then the same
-    # through Slurm, which ends the job.
-    assert slurm_cluster.kill_task(array, 0) >= 3  # batch script, task runner, crawl...
+    site.hold()
+    try:
+        array, merge = submit(slurm_cluster, url_file, data, 1, tmp_path)
+        wait_for(lambda: len(shipped_rows(data)) >= 5, 90, "a first shipment")
+        # Hard kill: every process at once, nothing shipped on the way out. Then the
+        # same through Slurm, which ends the job.
+        assert slurm_cluster.kill_task(array, 0) >= 3  # batch script, task runner, crawl...
+    finally:
+        site.release()
     slurm_cluster.run(["scancel", "--signal=KILL", "--full", f"{array}_0"])
     assert "COMPLETED" not in slurm_cluster.wait_done(f"{array}_0", timeout=60)
     slurm_cluster.wait_done(merge, timeout=60)

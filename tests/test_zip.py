@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import time
 import zipfile
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -21,6 +20,7 @@ from crawler.tools.verify import Verify
 from tests.checks import catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import ROOT, kill_group, run_crawl, start_crawl, write_urls
+from tests.events import wait_until
 from tests.factories import page_fetch as fetch
 
 SAMPLES = ROOT / "tests" / "data" / "broken"
@@ -180,27 +180,29 @@ def _rows_committed(db: Path) -> int:
 
 def test_killed_zip_crawl_is_repaired_and_resumed(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/slow/{n}?ms=100" for n in range(300, 360)]
+    # A request held in flight: the crawl cannot finish before it is killed.
+    urls.insert(1, f"{site.base_url}/hold/page/360.html")
     url_file = write_urls(tmp_path / "urls.txt", urls)
-    proc = start_crawl(
-        url_file,
-        data_dir,
-        "-s",
-        "ARCHIVE_FORMAT=zip",
-        "-s",
-        "CATALOG_BATCH_SIZE=3",
-        "-s",
-        "CONCURRENT_REQUESTS=4",
-        log_path=tmp_path / "crawl.log",
-    )
-    deadline = time.monotonic() + 120
-    while _rows_committed(data_dir / "metadata.db") < 6 and time.monotonic() < deadline:
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    kill_group(proc)
+    site.hold()
+    try:
+        proc = start_crawl(
+            url_file,
+            data_dir,
+            "-s",
+            "ARCHIVE_FORMAT=zip",
+            "-s",
+            "CATALOG_BATCH_SIZE=3",
+            "-s",
+            "CONCURRENT_REQUESTS=4",
+            log_path=tmp_path / "crawl.log",
+        )
+        try:
+            wait_until(lambda: _rows_committed(data_dir / "metadata.db") >= 6, "6 rows", proc=proc)
+        finally:
+            kill_group(proc)
+    finally:
+        site.release()
     assert _rows_committed(data_dir / "metadata.db") >= 6, (tmp_path / "crawl.log").read_text()
-    if proc.returncode == 0:
-        pytest.skip("the crawl finished before it could be killed")
     assert list((data_dir / "archive").glob("*.zip.open"))
     result = run_crawl(url_file, data_dir, "-s", "ARCHIVE_FORMAT=zip", timeout=300)
     assert result.returncode == 0, result.stderr

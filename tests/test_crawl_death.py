@@ -1,0 +1,81 @@
+"""When the crawl's process alone dies, its writer process commits what reached it.
+
+Nothing is committed by size or by the clock here (a batch of 1,000 rows, a flush
+every hour), so every row found afterwards was committed by the writer on noticing
+that the crawl was gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from tests.checks import assert_rows_readable, catalog_rows, rows_by_url
+from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
+from tests.events import committed_rows, log_text, wait_until
+
+NO_COMMIT = ("-s", "CATALOG_BATCH_SIZE=1000", "-s", "CATALOG_FLUSH_SECONDS=3600")
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the processes whose parent is ``pid``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append((int(proc.name), cmdline))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def ok_lines(data_dir: Path) -> list[dict]:
+    text = log_text(data_dir / "fetch_log.jsonl")
+    return [e for e in map(json.loads, text.splitlines()) if e["outcome"] == "ok"]
+
+
+def test_the_writer_commits_what_reached_it_when_the_crawl_dies(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(160, 190)]
+    urls.insert(2, f"{site.base_url}/hold/page/190.html")  # the crawl cannot finish
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    site.reset_counts()
+    site.hold()
+    try:
+        proc = start_crawl(url_file, data_dir, *NO_COMMIT, log_path=tmp_path / "crawl.log")
+        try:
+            # The writer writes an "ok" line once a response's records are written.
+            wait_until(lambda: len(ok_lines(data_dir)) >= 10, "10 stored responses", proc=proc)
+            assert committed_rows(data_dir) == 0
+            writers = [pid for pid, cmd in children(proc.pid) if "writer" in cmd]
+            assert len(writers) == 1, children(proc.pid)
+            os.kill(proc.pid, signal.SIGKILL)  # the crawl alone, not its writer
+            proc.wait(timeout=60)
+            wait_until(lambda: not alive(writers[0]), "the writer to exit")
+        finally:
+            kill_group(proc)
+    finally:
+        site.release()
+    stored = {e["key"] for e in ok_lines(data_dir)}
+    assert len(stored) >= 10
+    assert set(catalog_rows(data_dir)) == stored
+    assert_rows_readable(data_dir, site)
+
+    before = rows_by_url(data_dir)
+    resumed = run_crawl(url_file, data_dir)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert set(rows_by_url(data_dir)) == set(urls)
+    assert all(site.counts[u.split(site.base_url, 1)[1]] == 1 for u in before)
