@@ -15,8 +15,8 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from crawler.spiderkit.domains import registered_domain
 
+from crawler.spiderkit.domains import registered_domain
 from tests.checks import rows_by_url
 from tests.conftest import run_crawl, write_urls
 
