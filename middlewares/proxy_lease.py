@@ -12,8 +12,8 @@ its Scrapy side: settings, request meta, ban verdicts, retries, stats and logs. 
 blocking hub call runs in one dedicated thread, never on the reactor thread.
 Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's lease.
 
-Longer than most modules here: with the middleware live what tie the lease pool to
-Scrapy and Twisted, each too small for a module of its own: the ``PROXY_*`` settings
+Longer than most modules here: beside the middleware live the pieces that tie the lease
+pool to Scrapy and Twisted, each too small for a module of its own: the ``PROXY_*`` settings
 (:class:`ProxyLeaseConfig`), the pool's clock and hub thread on the reactor, and its
 events as stats and log lines.
 """

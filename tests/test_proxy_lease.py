@@ -1,4 +1,7 @@
-"""ProxyLeaseMiddleware: settings, leasing, waiting, bans, and a crawl through real proxies."""
+"""ProxyLeaseMiddleware: settings, leasing, waiting, bans, and a crawl through real proxies.
+
+Past 400 lines: its tests share one pool of real proxy servers started once for the module.
+"""
 
 from __future__ import annotations
 

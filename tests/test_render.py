@@ -1,4 +1,8 @@
-"""JS rendering with scrapy-playwright: what renders, what is stored, crashes, proxies."""
+"""JS rendering with scrapy-playwright: what renders, what is stored, crashes, proxies.
+
+Past 400 lines: its tests share one browser set-up and its checks; the promises of the
+README's rendering section are in test_render_promises.py.
+"""
 
 from __future__ import annotations
 
@@ -249,7 +253,7 @@ def records_by_id(path: Path) -> dict[str, tuple[object, bytes]]:
 def _served(site, url: str) -> bytes:
     path, _, query = url.split(site.base_url, 1)[1].partition("?")
     if path.startswith("/js/") and query.startswith("delay="):
-        return site._js_page(int(path.rsplit("/", 1)[1]), int(query[6:])).body
+        return site.js_page(int(path.rsplit("/", 1)[1]), int(query[6:])).body
     return site.payload(path)
 
 
