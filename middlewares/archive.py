@@ -258,7 +258,7 @@ class ArchiveMiddleware:
             meta["catalog_cached"] = cached = key in present
             if cached and not self._wants_fetch_when_cached(request):
                 # The hot path of a resumed crawl: logged and counted once per batch.
-                hits.append((meta["catalog_url"], key))
+                hits.append((meta.get("catalog_url", request.url), key))
             else:
                 out.append(request)
         if hits:

@@ -29,7 +29,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
 from scrapy.core.downloader.handlers.http11 import TunnelError
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import (
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
+    DownloadTimeoutError,
+    IgnoreRequest,
+    NotConfigured,
+)
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import error as txerror
 from twisted.internet.defer import Deferred
@@ -72,6 +78,10 @@ BAN_EXCEPTIONS: tuple[type[BaseException], ...] = (
     ResponseNeverReceived,
     ResponseFailed,
     TunnelError,
+    # Scrapy's HTTP/1.1 handler raises these in place of Twisted's errors above.
+    DownloadTimeoutError,
+    DownloadConnectionRefusedError,
+    DownloadFailedError,
 )
 
 META_TOKEN = "_proxy_lease"  # this attempt's lease token (not the proxy URL)

@@ -149,15 +149,6 @@ def test_a_block_page_bans_its_proxy(banning, tmp_path):
     assert listing == {marker.url: "banned", good.url: "free"}
 
 
-BAN_EXCEPTIONS_OUTDATED = pytest.mark.xfail(
-    strict=True,
-    reason="Scrapy 2.19's HTTP/1.1 handler wraps Twisted's errors (scrapy.exceptions."
-    "DownloadTimeoutError, DownloadConnectionRefusedError, DownloadFailedError), which "
-    "middlewares/proxy_lease.py BAN_EXCEPTIONS does not list: the proxy is never banned",
-)
-
-
-@BAN_EXCEPTIONS_OUTDATED
 def test_a_timeout_bans_its_proxy(banning, tmp_path):
     origin, proxies = banning
     hang, good = proxies["ban-hang"], proxies["ban-good"]
@@ -170,7 +161,6 @@ def test_a_timeout_bans_its_proxy(banning, tmp_path):
     assert listing == {hang.url: "banned", good.url: "free"}
 
 
-@BAN_EXCEPTIONS_OUTDATED
 def test_a_refused_connection_bans_its_proxy(banning, tmp_path):
     origin, proxies = banning
     good = proxies["ban-good"]

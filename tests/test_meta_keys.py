@@ -7,8 +7,6 @@ import json
 import textwrap
 from collections import Counter
 
-import pytest
-
 from tests.checks import actions, catalog_rows, rows_by_url
 from tests.cmdline import run_scrapy
 
@@ -86,12 +84,6 @@ def test_catalog_key_is_used_instead_of_the_computed_one(site, tmp_path, data_di
     assert [(e["key"], e["outcome"]) for e in actions(data_dir)] == [(key, "ok")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a stored start request whose meta has catalog_key but no catalog_url raises "
-    "KeyError('catalog_url') in ArchiveMiddleware.filter_start: Scrapy logs 'Error while "
-    "reading start items and requests', drops the rest of the list, and the crawl exits 0",
-)
 def test_another_url_under_a_stored_key_is_not_fetched(site, tmp_path, data_dir):
     key = hashlib.sha256(b"my own key for page 183").hexdigest()
     a, b, c = (f"{site.base_url}/page/{n}.html" for n in (183, 184, 185))
