@@ -54,17 +54,7 @@ def test_progress_lines_count_the_list_hits_errors_and_retries(site, tmp_path, d
 
 @pytest.mark.parametrize(
     "archive_format",
-    [
-        "warc",
-        pytest.param(
-            "zip",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the end summary counts *.warc.gz files only: a zip crawl's "
-                "archive is reported as 0.0 MB in 0 files",
-            ),
-        ),
-    ],
+    ["warc", "zip"],
 )
 def test_the_end_summary_says_what_this_run_stored_and_what_the_catalog_holds(
     site, tmp_path, data_dir, archive_format
