@@ -64,6 +64,9 @@ class RenderMiddleware:
         self.render_all = flag(getattr(crawler.spider, "render", False))
         self.inflight: Counter[str] = Counter()
         self.lease_contexts: dict[str, LeaseView] = {}
+        # Browser contexts of leases, as their pages report them, so that one can be
+        # closed when its lease ends (scrapy-playwright has no public lookup by name).
+        self.browser_contexts: dict[str, object] = {}
         self._proxy_mw = None
 
     @classmethod
@@ -123,12 +126,13 @@ class RenderMiddleware:
             "response": capture.on_response,
             "crash": partial(self._on_crash, request),
         }
+        name, kwargs = self._context(request)
         meta["playwright_page_methods"] = [
+            _page_method(self._remember_context, name),
             _page_method(capture.wait, wait, self.config.timeout_ms),
             *meta.get("render_page_methods", ()),
             _page_method(capture.finish, meta),
         ]
-        name, kwargs = self._context(request)
         meta["playwright_context"] = name
         meta["playwright_context_kwargs"] = kwargs
         meta[_META_CONTEXT] = name
@@ -203,20 +207,22 @@ class RenderMiddleware:
                 del self.inflight[name]
                 deferred_from_coro(self._close_context(name))
 
+    def _remember_context(self, page, name: str) -> None:
+        if name in self.lease_contexts:
+            self.browser_contexts[name] = page.context
+
     async def _close_context(self, name: str) -> None:
-        handlers = self.crawler.engine.downloader.handlers._handlers.values()
-        closed = 0
-        for handler in handlers:
-            wrapper = getattr(handler, "context_wrappers", {}).get(name)
-            if wrapper is not None:
-                try:
-                    await wrapper.context.close()
-                    closed += 1
-                except Exception as exc:  # the browser may be gone already
-                    logger.debug("Closing browser context %s: %s", name, exc)
-        if closed:
-            self.stats.inc_value("render/contexts_closed", closed)
-            logger.info("Closed browser context %s: its proxy lease ended", name)
+        context = self.browser_contexts.pop(name, None)
+        if context is None:
+            return
+        try:
+            # scrapy-playwright forgets a context when it closes.
+            await context.close()
+        except Exception as exc:  # the browser may be gone already
+            logger.debug("Closing browser context %s: %s", name, exc)
+            return
+        self.stats.inc_value("render/contexts_closed")
+        logger.info("Closed browser context %s: its proxy lease ended", name)
 
 
 def _meta_choice(value) -> tuple[bool | None, str | dict | None]:
