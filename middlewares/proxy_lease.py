@@ -42,7 +42,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from crawler.hub import Holder, Hub, ProxyPool, RestPolicy
 from crawler.hub.leases import (
