@@ -10,7 +10,13 @@ import pytest
 
 from crawler.hub import Hub
 from crawler.hub.admin import QueueAdmin
-from crawler.hub.workqueue import WorkQueue, WorkQueueError, ensure_work_schema, list_lines
+from crawler.hub.workqueue import (
+    WORK_SCHEMA_VERSION,
+    WorkQueue,
+    WorkQueueError,
+    ensure_work_schema,
+    list_lines,
+)
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 URLS = [f"http://example.org/{n}" for n in range(25)]
@@ -27,9 +33,25 @@ def queue(hub_url):  # noqa: F811
 def test_schema_is_idempotent_and_versioned(hub_url):  # noqa: F811
     for _ in range(2):
         with Hub.open(hub_url) as hub:
-            assert ensure_work_schema(hub) == 1
+            assert ensure_work_schema(hub) == WORK_SCHEMA_VERSION
             WorkQueue(hub, "q")
-            assert hub.query("SELECT COUNT(*) FROM hub_work_schema")[0][0] == 1
+            count = hub.query("SELECT COUNT(*) FROM hub_work_schema")[0][0]
+            assert count == WORK_SCHEMA_VERSION
+
+
+def test_items_done_under_version_1_count_as_done_after_the_upgrade(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as hub:
+        queue = WorkQueue(hub, "old")
+        queue.load(URLS[:3])
+        batch = queue.lease("a", 2, ttl=60)
+        assert queue.done(batch)
+        # Version 1 marked each item of a finished batch; version 2 marks only its lease.
+        hub.execute(
+            "UPDATE hub_work_items SET state = 'done', lease_id = NULL WHERE lease_id = ?",
+            (batch.lease_id,),
+        )
+        progress = queue.progress()
+        assert (progress.done, progress.pending, progress.finished) == (2, 1, False)
 
 
 def test_load_streams_dedupes_and_keeps_queues_apart(hub_url):  # noqa: F811
