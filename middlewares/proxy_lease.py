@@ -38,7 +38,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, ProxyPool, RestPolicy
+from crawler.hub import Holder, Hub, HubUnavailableError, ProxyPool, RestPolicy
 from crawler.hub.leases import (
     Finished,
     LeaseConfig,
@@ -282,6 +282,9 @@ class _StatsAndLogs(LeaseEvents):
 
     def acquire_failed(self, error: Exception) -> None:
         self.stats.inc_value("proxy/hub_errors")
+        if isinstance(error, HubUnavailableError):  # the hub logs once that it is away
+            logger.debug("Could not lease a proxy: %s", error)
+            return
         logger.error("Could not lease a proxy from %s: %s", self.mw.hub.label, error)
 
     def released(self, lease: LeaseView, reason: str, ok: bool) -> None:
@@ -314,6 +317,9 @@ class _StatsAndLogs(LeaseEvents):
 
     def hub_failed(self, error: Exception, doing: str) -> None:
         self.stats.inc_value("proxy/hub_errors")
+        if isinstance(error, HubUnavailableError):  # the hub logs once that it is away
+            logger.debug("Hub unavailable while %s: %s", doing, error)
+            return
         logger.error("Hub %s failed while %s: %s", self.mw.hub.label, doing, error)
 
     def wait_started(self, waiting: int, shortage: bool) -> None:
