@@ -410,6 +410,13 @@ class ProxyLeaseMiddleware:
         finally:
             self._thread.stop()
 
+    def reconfigure(self, settings: BaseSettings) -> None:
+        """Take new PROXY_* values while running (rotation, rest, ban verdicts); leases
+        held keep going under the new rules."""
+        config = ProxyLeaseConfig.from_settings(settings, {"HUB_URL": self.config.hub_url})
+        self.config = config
+        self.pool.config = config.pool_config
+
     # --- what other components ask ---------------------------------------------------
     def lease_for(self, request: Request) -> LeaseView | None:
         """The lease this attempt of *request* goes through, or None (direct, or done)."""

@@ -1,4 +1,4 @@
-"""Managing the hub: the logic behind ``scrapy proxies`` and ``scrapy queue``."""
+"""Managing the hub: the logic behind ``scrapy proxies``, ``scrapy queue`` and ``scrapy job``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TextIO
 
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError, InvalidProxyURLError
+from crawler.hub.jobs import Job, JobStore
 from crawler.hub.proxies import ProxyPool
 from crawler.hub.redact import normalize_proxy_url
 from crawler.hub.workqueue import WorkQueue, WorkQueueError, list_lines
@@ -170,3 +171,59 @@ class QueueAdmin:
         """Done, leased, expired and pending counts of queue *name*."""
         queue = WorkQueue(self.hub, name, create=False)
         return f"queue {name!r}: {queue.progress().line()}"
+
+
+class JobAdmin:
+    """Create, change and describe the hub's jobs (``scrapy job``)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.store = JobStore(hub)
+
+    def create(
+        self, name: str, spider: str, settings: dict[str, str], urls: str | None = None
+    ) -> str:
+        job = self.store.create(name, spider, settings, queue=name if urls else "")
+        lines = [f"job {name!r} created in {self.hub.label}: spider {spider!r}"]
+        if urls:
+            lines.append(QueueAdmin(self.hub).load(job.queue, urls))
+        return "\n".join(lines + [_settings_line(job)])
+
+    def set(self, name: str, settings: dict[str, str]) -> str:
+        job = self.store.set(name, settings)
+        changed = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+        return f"job {name!r} version {job.version}: {changed}"
+
+    def list(self) -> str:
+        jobs = self.store.jobs()
+        if not jobs:
+            return f"no jobs in {self.hub.label} (create one with `scrapy job create`)"
+        return "\n".join(f"{job.name}: spider {job.spider}, {self._progress(job)}" for job in jobs)
+
+    def show(self, name: str) -> str:
+        job = self.store.get(name)
+        updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job.updated))
+        return "\n".join(
+            [
+                f"job {job.name!r}: spider {job.spider}, version {job.version}, changed {updated}",
+                _settings_line(job),
+                self._progress(job),
+            ]
+        )
+
+    def _progress(self, job: Job) -> str:
+        if not job.queue:
+            return "no work queue"
+        try:
+            return (
+                f"queue {job.queue!r}: "
+                + WorkQueue(self.hub, job.queue, create=False).progress().line()
+            )
+        except WorkQueueError:
+            return f"queue {job.queue!r}: not loaded"
+
+
+def _settings_line(job: Job) -> str:
+    if not job.settings:
+        return "settings: none (the project's)"
+    return "settings: " + ", ".join(f"{k}={v}" for k, v in sorted(job.settings.items()))
