@@ -163,15 +163,22 @@ def _indexes(hub: Hub) -> set[str]:
     return {row[0] for row in rows}
 
 
-def test_schema_2_adds_the_least_recently_used_index_to_a_version_1_hub(hub_url):  # noqa: F811
+def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         ProxyPool(hub)
         assert "hub_proxies_lru" in _indexes(hub)
+        # Back to version 1: without what versions 2 and 3 added.
         hub.execute("DROP INDEX hub_proxies_lru")
-        hub.execute("DELETE FROM hub_schema WHERE version = 2")
+        hub.execute("DROP INDEX hub_proxy_usage_started")
+        hub.execute("ALTER TABLE hub_proxy_usage DROP COLUMN waited")
+        hub.execute("DELETE FROM hub_schema WHERE version > 1")
     with Hub.open(hub_url) as hub:
-        assert ProxyPool(hub).schema_version() == 2
-        assert "hub_proxies_lru" in _indexes(hub)
+        pool = ProxyPool(hub)
+        assert pool.schema_version() == SCHEMA_VERSION == 3
+        assert {"hub_proxies_lru", "hub_proxy_usage_started"} <= _indexes(hub)
+        pool.add(["http://127.0.0.1:3128"])
+        lease = pool.acquire(HOLDER, 60, waited=2.5)
+        assert [row.waited for row in pool.usage()] == [2.5] and lease is not None
 
 
 def test_add_list_disable_enable(pool):

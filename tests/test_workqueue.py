@@ -200,3 +200,19 @@ def test_queue_command_errors_are_clear(tmp_path):
     down = scrapy_queue("status", "q", hub="postgresql://u:hunter2@127.0.0.1:1/x")
     assert down.returncode == 1 and "cannot reach the hub" in down.stderr
     assert "hunter2" not in down.stdout + down.stderr
+
+
+def test_stats_say_speed_eta_failures_and_who_holds_what(queue):
+    a = queue.lease("node1/11", 10, ttl=60)
+    queue.lease("node1/12", 5, ttl=60)
+    queue.lease("node2/13", 5, ttl=60)
+    assert queue.done(a, failed=3)
+    stats = queue.stats(window=600)
+    p = stats.progress
+    assert (p.done, p.leased, p.pending, stats.failed) == (10, 10, 5, 3)
+    assert stats.held_by_host == {"node1": (1, 5), "node2": (1, 5)}
+    assert stats.done_recently == 10 and stats.rate == 10 / 600
+    assert stats.eta == 15 / (10 / 600)
+    text = QueueAdmin(queue.hub).stats("q1")
+    assert "25 total, 5 pending, 10 leased" in text and "10 done (3 failed)" in text
+    assert "ETA 15 min 00 s" in text and "node2" in text

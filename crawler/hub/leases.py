@@ -445,7 +445,9 @@ class LeasePool:
             done(None)
 
         holder, ttl = self.holder, self.config.lease_ttl
-        self._call(lambda: self.proxies.acquire(holder, ttl), done, failed)
+        since = [w.since for w in self._waiters if w.since is not None]
+        waited = started - min(since) if since else 0.0
+        self._call(lambda: self.proxies.acquire(holder, ttl, waited), done, failed)
 
     def _maybe_release(self, held: _Held) -> None:
         if held.inflight > 0 or held.releasing:

@@ -32,7 +32,7 @@ from crawler.hub.errors import HubError, InvalidProxyURLError
 from crawler.hub.identity import Holder
 from crawler.hub.redact import normalize_proxy_url, redact_url
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 END_REASONS = ("rotated", "banned", "released", "expired")
 _SCHEMA_LOCK = 7302519001  # serialises concurrent creators of these tables
 
@@ -41,7 +41,8 @@ _PROXY_COLUMNS = (
     "failures, bans, consecutive_bans, resting_until, last_used"
 )
 _USAGE_COLUMNS = (
-    "id, proxy_id, host, pid, task, started, ended, requests, bytes, failures, bans, end_reason"
+    "id, proxy_id, host, pid, task, started, ended, requests, bytes, failures, bans, "
+    "end_reason, waited"
 )
 
 # Numbered migrations; {id} and {real} differ between the dialects.
@@ -87,6 +88,11 @@ _MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS hub_proxies_lru ON hub_proxies "
         "((COALESCE(last_used, 0)), id) WHERE enabled = 1",
     ],
+    # How long the holder had requests waiting for a proxy when it got this lease.
+    3: [
+        "ALTER TABLE hub_proxy_usage ADD COLUMN waited {real} NOT NULL DEFAULT 0",
+        "CREATE INDEX IF NOT EXISTS hub_proxy_usage_started ON hub_proxy_usage (started)",
+    ],
 }
 
 # PostgreSQL takes and renews leases in one statement each, as a transaction of its own
@@ -112,8 +118,8 @@ expired AS (
     FROM pick WHERE pick.state = 'leased' AND u.id = pick.old_lease AND u.ended IS NULL
 ),
 usage AS (
-    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, started)
-    SELECT pick.id, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
+    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
+    SELECT pick.id, ?, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
 )
 UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
     lease_expires = usage.started + ?, stretch_uses = 0, last_used = usage.started
@@ -272,6 +278,7 @@ class UsageRow:
     failures: int
     bans: int
     end_reason: str | None
+    waited: float = 0.0
 
 
 class ProxyPool:
@@ -366,12 +373,31 @@ class ProxyPool:
             stats.append(item)
         return stats
 
+    def host_stats(self, since: float) -> list[dict[str, Any]]:
+        """Per host: leases held now; leases taken, requests sent and the wait for a
+        proxy (mean, max) since the hub time *since*."""
+        rows = self.hub.query(
+            "SELECT u.host, SUM(CASE WHEN u.ended IS NULL AND p.lease_id = u.id "
+            "AND p.lease_expires >= NOW() THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN u.started >= ? THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN u.started >= ? THEN u.requests ELSE 0 END), "
+            "AVG(CASE WHEN u.started >= ? THEN u.waited END), "
+            "MAX(CASE WHEN u.started >= ? THEN u.waited END) "
+            "FROM hub_proxy_usage u LEFT JOIN hub_proxies p ON p.id = u.proxy_id "
+            "WHERE u.ended IS NULL OR u.started >= ? GROUP BY u.host ORDER BY u.host",
+            (since,) * 5,
+        )
+        keys = ("host", "held", "leases", "requests", "wait_mean", "wait_max")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
     # --- leases -------------------------------------------------------------------
-    def acquire(self, holder: Holder, ttl: float) -> Lease | None:
-        """Lease the least recently used free proxy for *ttl* seconds, or return None."""
+    def acquire(self, holder: Holder, ttl: float, waited: float = 0.0) -> Lease | None:
+        """Lease the least recently used free proxy for *ttl* seconds, or return None.
+
+        *waited*: how long the holder has had requests waiting for a proxy (for stats)."""
         if self.hub.dialect.name == "postgresql":
             rows = self.hub.query(
-                _PG_ACQUIRE, (holder.host, holder.pid, holder.task, str(holder), ttl)
+                _PG_ACQUIRE, (holder.host, holder.pid, holder.task, waited, str(holder), ttl)
             )
             if not rows:
                 return None
@@ -394,9 +420,9 @@ class ProxyPool:
                     (old_expires, old_lease),
                 )
             lease_id, started = tx.execute(
-                "INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, started) "
-                "VALUES (?, ?, ?, ?, NOW()) RETURNING id, started",
-                (proxy_id, holder.host, holder.pid, holder.task),
+                "INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started) "
+                "VALUES (?, ?, ?, ?, ?, NOW()) RETURNING id, started",
+                (proxy_id, holder.host, holder.pid, holder.task, waited),
             ).fetchone()
             expires = started + ttl
             tx.execute(
