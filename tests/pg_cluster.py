@@ -44,6 +44,10 @@ class PgCluster:
     def url(self) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
+    def postmaster_pid(self) -> int:
+        """The server's main process (its backends are its children)."""
+        return int((self.data / "postmaster.pid").read_text().split("\n", 1)[0])
+
     def _as_postgres(self, *args: object) -> None:
         subprocess.run(
             ["runuser", "-u", "postgres", "--", *map(str, args)],
