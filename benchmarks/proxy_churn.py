@@ -4,7 +4,11 @@ Run it in several processes at once against one hub: ``bench_proxies`` measures 
 operations per second with it, and the hub's tests check that no two leases of one
 proxy ever overlap under it.
 
-    python -m benchmarks.proxy_churn HUB_URL SECONDS [HOLD_SECONDS]   # prints the leases done
+    python -m benchmarks.proxy_churn HUB_URL SECONDS [HOLD_SECONDS [START_AT]]
+    # prints the leases done
+
+With START_AT (a wall-clock time), each process connects first and then waits for it, so
+that the processes churn together and their start-up stays out of the figure.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import time
 from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts
 
 
-def churn(url: str, seconds: float, hold_seconds: float = 0.0, ttl: float = 60.0) -> int:
+def churn(
+    url: str, seconds: float, hold_seconds: float = 0.0, ttl: float = 60.0, start_at: float = 0.0
+) -> int:
     """Lease, hold up to *hold_seconds*, release, for *seconds*; return the leases done."""
     rng = random.Random()
     policy = RestPolicy(rest_seconds=0.0, ban_rest_seconds=0.0, jitter=0.0)
@@ -24,6 +30,7 @@ def churn(url: str, seconds: float, hold_seconds: float = 0.0, ttl: float = 60.0
     with Hub.open(url) as hub:
         pool = ProxyPool(hub)
         holder = Holder.current()
+        time.sleep(max(start_at - time.time(), 0.0))
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             lease = pool.acquire(holder, ttl)
@@ -39,4 +46,5 @@ def churn(url: str, seconds: float, hold_seconds: float = 0.0, ttl: float = 60.0
 
 if __name__ == "__main__":
     hold = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-    print(churn(sys.argv[1], float(sys.argv[2]), hold_seconds=hold))
+    start = float(sys.argv[4]) if len(sys.argv) > 4 else 0.0
+    print(churn(sys.argv[1], float(sys.argv[2]), hold_seconds=hold, start_at=start))

@@ -2,7 +2,8 @@
 
 Exit status: 0 when the crawl finished (its whole list was handled), 75 when it was
 stopped before that (a signal, a close-spider limit: run it again to resume), 1 when it
-could not start or its storage failed, 2 for bad arguments.
+could not start or its storage failed, 2 for bad arguments or settings (a hub that cannot
+be reached at start among them: nothing is fetched).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.exceptions import UsageError
+
+from crawler.hub import HubError
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +56,7 @@ class Command(ScrapyCrawlCommand):
             self.exitcode = exit_status(crawler.stats.get_value("finish_reason"))
 
     def _on_failure(self, failure):
-        if failure.check(UsageError):
+        if failure.check(UsageError, HubError):
             self._usage_error = str(failure.value)
             return None
         return failure
@@ -62,7 +65,7 @@ class Command(ScrapyCrawlCommand):
         if task.cancelled():
             return
         exc = task.exception()
-        if isinstance(exc, UsageError):
+        if isinstance(exc, (UsageError, HubError)):
             self._usage_error = str(exc)
         elif exc is not None:
             logger.error("The crawl could not start", exc_info=exc)

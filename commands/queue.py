@@ -11,7 +11,7 @@ from scrapy.exceptions import UsageError
 from crawler.hub import Hub, HubError
 from crawler.hub.admin import QueueAdmin, hub_url_from
 
-ARGUMENTS = {"load": 2, "status": 1}
+ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
 
 
 class Command(ScrapyCommand):
@@ -19,7 +19,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "load NAME URLS|- | status NAME"
+        return "load NAME URLS|- | status NAME | stats NAME"
 
     def short_desc(self) -> str:
         return "Load a URL list into a work queue of the hub (HUB_URL), or show its progress"
@@ -30,7 +30,9 @@ class Command(ScrapyCommand):
             "batches of URLs from them. `load` adds a URL list (one URL a line, - for "
             "standard input) to the queue NAME, created if new; loading the same list "
             "again adds nothing. `status` shows how many URLs are done, leased, expired "
-            "and pending. The hub is named by the HUB_URL setting or environment variable."
+            "and pending; `stats` adds failures, the speed over the last 10 minutes, the ETA "
+            "and the batches each host holds. The hub is named by the HUB_URL setting or "
+            "environment variable."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
@@ -46,7 +48,12 @@ class Command(ScrapyCommand):
         try:
             with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
                 admin = QueueAdmin(hub)
-                print(admin.load(*rest) if action == "load" else admin.status(*rest))
+                if action == "load":
+                    print(admin.load(*rest))
+                elif action == "stats":
+                    print(admin.stats(*rest))
+                else:
+                    print(admin.status(*rest))
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1

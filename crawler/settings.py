@@ -93,6 +93,7 @@ EXTENSIONS = {
     "extensions.progress.ProgressExtension": 500,
     "extensions.stop_signals.StopSignalsExtension": 500,
     "extensions.timer_sweep.TimerSweepExtension": 500,
+    "extensions.job_settings.JobSettingsExtension": 500,
 }
 # Seconds between firings of a Twisted timer that lets the reactor drop the timers
 # downloads cancel (extensions/timer_sweep.py); 0: off.
@@ -105,6 +106,12 @@ TIMER_SWEEP_INTERVAL = 5.0
 HUB_URL = None
 # Seconds to wait for the hub's database at start before failing.
 HUB_CONNECT_TIMEOUT = 10.0
+# A job in the hub (`scrapy job create`) whose settings the crawl takes, or the HUB_JOB
+# environment variable; None: none. Command-line settings win over the job's.
+JOB = None
+# Seconds between looks at the job's settings while the crawl runs; the ones listed in
+# extensions/job_settings.py (concurrency, delay, proxy rotation, rest, bans) apply live.
+JOB_REFRESH_SECONDS = 60.0
 # Set False to crawl direct even with HUB_URL set.
 PROXY_ENABLED = True
 # A lease runs out this many seconds after its last renewal, so a killed crawl's proxies
@@ -142,7 +149,7 @@ FEED_EXPORT_ENCODING = "utf-8"
 # Off unless asked for: RENDER_ENABLED, RENDER_URL_PATTERNS, or -a render=1 (the site
 # spider renders every request); then the add-on installs scrapy-playwright's download
 # handlers and the render middleware. A crawl that renders nothing starts no browser.
-ADDONS = {"addons.render.RenderAddon": 0}
+ADDONS = {"addons.render.RenderAddon": 0, "addons.job.JobAddon": 0}
 RENDER_ENABLED = False
 # Regexes of URLs to render: a list, or a dict of regex -> wait spec.
 RENDER_URL_PATTERNS = []

@@ -44,7 +44,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, ProxyPool, RestPolicy
+from crawler.hub import Holder, Hub, HubUnavailableError, ProxyPool, RestPolicy
 from crawler.hub.leases import (
     Finished,
     LeaseConfig,
@@ -292,6 +292,9 @@ class _StatsAndLogs(LeaseEvents):
 
     def acquire_failed(self, error: Exception) -> None:
         self.stats.inc_value("proxy/hub_errors")
+        if isinstance(error, HubUnavailableError):  # the hub logs once that it is away
+            logger.debug("Could not lease a proxy: %s", error)
+            return
         logger.error("Could not lease a proxy from %s: %s", self.mw.hub.label, error)
 
     def released(self, lease: LeaseView, reason: str, ok: bool) -> None:
@@ -324,6 +327,9 @@ class _StatsAndLogs(LeaseEvents):
 
     def hub_failed(self, error: Exception, doing: str) -> None:
         self.stats.inc_value("proxy/hub_errors")
+        if isinstance(error, HubUnavailableError):  # the hub logs once that it is away
+            logger.debug("Hub unavailable while %s: %s", doing, error)
+            return
         logger.error("Hub %s failed while %s: %s", self.mw.hub.label, doing, error)
 
     def wait_started(self, waiting: int, shortage: bool) -> None:
@@ -413,6 +419,13 @@ class ProxyLeaseMiddleware:
             self.pool.events.hub_failed(exc, "releasing proxy leases at close")
         finally:
             self._thread.stop()
+
+    def reconfigure(self, settings: BaseSettings) -> None:
+        """Take new PROXY_* values while running (rotation, rest, ban verdicts); leases
+        held keep going under the new rules."""
+        config = ProxyLeaseConfig.from_settings(settings, {"HUB_URL": self.config.hub_url})
+        self.config = config
+        self.pool.config = config.pool_config
 
     # --- what other components ask ---------------------------------------------------
     def lease_for(self, request: Request) -> LeaseView | None:

@@ -153,7 +153,33 @@ def test_schema_creation_is_idempotent_and_versioned(hub_url):  # noqa: F811
         with Hub.open(hub_url) as hub:
             assert ProxyPool(hub).schema_version() == SCHEMA_VERSION
     with Hub.open(hub_url) as hub:
-        assert hub.query("SELECT COUNT(*) FROM hub_schema")[0][0] == 1
+        assert hub.query("SELECT COUNT(*) FROM hub_schema")[0][0] == SCHEMA_VERSION
+
+
+def _indexes(hub: Hub) -> set[str]:
+    if hub.backend == "sqlite":
+        rows = hub.query("SELECT name FROM sqlite_master WHERE type = 'index'")
+    else:
+        rows = hub.query("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema()")
+    return {row[0] for row in rows}
+
+
+def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as hub:
+        ProxyPool(hub)
+        assert "hub_proxies_lru" in _indexes(hub)
+        # Back to version 1: without what versions 2 and 3 added.
+        hub.execute("DROP INDEX hub_proxies_lru")
+        hub.execute("DROP INDEX hub_proxy_usage_started")
+        hub.execute("ALTER TABLE hub_proxy_usage DROP COLUMN waited")
+        hub.execute("DELETE FROM hub_schema WHERE version > 1")
+    with Hub.open(hub_url) as hub:
+        pool = ProxyPool(hub)
+        assert pool.schema_version() == SCHEMA_VERSION == 3
+        assert {"hub_proxies_lru", "hub_proxy_usage_started"} <= _indexes(hub)
+        pool.add(["http://127.0.0.1:3128"])
+        lease = pool.acquire(HOLDER, 60, waited=2.5)
+        assert [row.waited for row in pool.usage()] == [2.5] and lease is not None
 
 
 def test_add_list_disable_enable(pool):
@@ -264,11 +290,11 @@ def test_bad_hub_urls(tmp_path):
 
 # --- many processes -----------------------------------------------------------------------
 def test_exclusivity_under_contention(pool, hub):
-    """8 processes lease, use and release 5 proxies for ~20 s: no lease overlaps another."""
+    """16 processes lease, use and release 5 proxies for ~20 s: no lease overlaps another."""
     pool.add([f"http://127.0.0.1:{port}" for port in range(10001, 10006)])
     seconds = os.environ.get("HUB_CONTENTION_SECONDS", "20")
     churn = ("-m", "benchmarks.proxy_churn", hub.url, seconds, "0.01")
-    workers = [start_python(*churn) for _ in range(8)]
+    workers = [start_python(*churn) for _ in range(16)]
     counts = []
     for worker in workers:
         out, _ = worker.communicate(timeout=float(seconds) + 180)

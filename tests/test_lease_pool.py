@@ -339,6 +339,7 @@ def test_waits_for_a_proxy_another_holder_releases(hub):
     r.clock.advance(1.0)
     assert waiting.proxy_id == 1
     assert r.events.named("wait_ended") == [(2.0,)] and r.pool.waiting == 0
+    assert ProxyPool(hub).usage()[-1].waited == 2.0, "the hub learns how long it waited"
 
 
 def test_a_wait_given_up_takes_nothing(hub):

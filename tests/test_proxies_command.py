@@ -33,7 +33,7 @@ def test_admin_add_list_disable_stats(hub_url):  # noqa: F811
         assert "disabled" in admin.list().splitlines()[2]
         assert "enabled" in admin.set_enabled("1", True)
         stats = admin.stats()
-        assert "ban rate" in stats.splitlines()[0] and "hunter2" not in stats
+        assert "ban rate" in stats and "hunter2" not in stats
         with pytest.raises(HubError, match="no proxy in the hub match"):
             admin.set_enabled("http://127.0.0.1:1", False)
 
@@ -94,3 +94,20 @@ def test_command_errors_are_clear(tmp_path):
 def test_command_has_help():
     done = scrapy("--help")
     assert done.returncode == 0 and "import FILE" in done.stdout and "HUB_URL" in done.stdout
+
+
+def test_stats_show_leases_per_host_and_the_wait_for_a_proxy(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as hub:
+        pool = ProxyPool(hub)
+        admin = ProxyAdmin(pool)
+        pool.add([f"http://127.0.0.1:{port}" for port in (3128, 3129, 3130)])
+        pool.acquire(Holder("node1", 1), 60, waited=4.0)
+        pool.acquire(Holder("node1", 2), 60)
+        done = pool.acquire(Holder("node2", 3), 60, waited=1.0)
+        pool.release(done, "rotated")
+        stats = admin.stats()
+        assert stats.splitlines()[0].endswith(": 1 free, 2 leased")
+        rows = {line.split()[0]: line.split() for line in stats.splitlines() if "node" in line}
+        # host, held now, leases, requests, wait mean, wait max
+        assert rows["node1"][:7] == ["node1", "2", "2", "0", "2.0", "s", "4.0"]
+        assert rows["node2"][:4] == ["node2", "0", "1", "0"]

@@ -10,7 +10,13 @@ import pytest
 
 from crawler.hub import Hub
 from crawler.hub.admin import QueueAdmin
-from crawler.hub.workqueue import WorkQueue, WorkQueueError, ensure_work_schema, list_lines
+from crawler.hub.workqueue import (
+    WORK_SCHEMA_VERSION,
+    WorkQueue,
+    WorkQueueError,
+    ensure_work_schema,
+    list_lines,
+)
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 URLS = [f"http://example.org/{n}" for n in range(25)]
@@ -27,9 +33,25 @@ def queue(hub_url):  # noqa: F811
 def test_schema_is_idempotent_and_versioned(hub_url):  # noqa: F811
     for _ in range(2):
         with Hub.open(hub_url) as hub:
-            assert ensure_work_schema(hub) == 1
+            assert ensure_work_schema(hub) == WORK_SCHEMA_VERSION
             WorkQueue(hub, "q")
-            assert hub.query("SELECT COUNT(*) FROM hub_work_schema")[0][0] == 1
+            count = hub.query("SELECT COUNT(*) FROM hub_work_schema")[0][0]
+            assert count == WORK_SCHEMA_VERSION
+
+
+def test_items_done_under_version_1_count_as_done_after_the_upgrade(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as hub:
+        queue = WorkQueue(hub, "old")
+        queue.load(URLS[:3])
+        batch = queue.lease("a", 2, ttl=60)
+        assert queue.done(batch)
+        # Version 1 marked each item of a finished batch; version 2 marks only its lease.
+        hub.execute(
+            "UPDATE hub_work_items SET state = 'done', lease_id = NULL WHERE lease_id = ?",
+            (batch.lease_id,),
+        )
+        progress = queue.progress()
+        assert (progress.done, progress.pending, progress.finished) == (2, 1, False)
 
 
 def test_load_streams_dedupes_and_keeps_queues_apart(hub_url):  # noqa: F811
@@ -178,3 +200,19 @@ def test_queue_command_errors_are_clear(tmp_path):
     down = scrapy_queue("status", "q", hub="postgresql://u:hunter2@127.0.0.1:1/x")
     assert down.returncode == 1 and "cannot reach the hub" in down.stderr
     assert "hunter2" not in down.stdout + down.stderr
+
+
+def test_stats_say_speed_eta_failures_and_who_holds_what(queue):
+    a = queue.lease("node1/11", 10, ttl=60)
+    queue.lease("node1/12", 5, ttl=60)
+    queue.lease("node2/13", 5, ttl=60)
+    assert queue.done(a, failed=3)
+    stats = queue.stats(window=600)
+    p = stats.progress
+    assert (p.done, p.leased, p.pending, stats.failed) == (10, 10, 5, 3)
+    assert stats.held_by_host == {"node1": (1, 5), "node2": (1, 5)}
+    assert stats.done_recently == 10 and stats.rate == 10 / 600
+    assert stats.eta == 15 / (10 / 600)
+    text = QueueAdmin(queue.hub).stats("q1")
+    assert "25 total, 5 pending, 10 leased" in text and "10 done (3 failed)" in text
+    assert "ETA 15 min 00 s" in text and "node2" in text

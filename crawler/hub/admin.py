@@ -1,10 +1,11 @@
-"""Managing the hub: the logic behind ``scrapy proxies`` and ``scrapy queue``."""
+"""Managing the hub: the logic behind ``scrapy proxies``, ``scrapy queue`` and ``scrapy job``."""
 
 from __future__ import annotations
 
 import os
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import TextIO
 
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError, InvalidProxyURLError
+from crawler.hub.jobs import Job, JobStore
 from crawler.hub.proxies import ProxyPool
 from crawler.hub.redact import normalize_proxy_url
 from crawler.hub.workqueue import WorkQueue, WorkQueueError, list_lines
@@ -70,6 +72,16 @@ def _cell(value: object) -> str:
     return str(value)
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{float(value):.1f} s"
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
+
+
 def _when(ts: float | None, now: float) -> str:
     if ts is None or ts <= now:
         return "-"
@@ -118,7 +130,30 @@ class ProxyAdmin:
         headers = ("id", "proxy", "state", "holder", "stretch", "uses", "failures", "bans")
         return format_table((*headers, "resting until"), rows)
 
-    def stats(self) -> str:
+    def stats(self, window: float = 3600.0) -> str:
+        """The pool by state, leases per host with the wait for a proxy over the last
+        *window* seconds, then each proxy's totals."""
+        now = self.hub.now()
+        states = Counter(row.effective_state(now) for row in self.pool.proxies())
+        summary = ", ".join(f"{n:,} {state}" for state, n in sorted(states.items()))
+        hosts = [
+            (
+                h["host"],
+                int(h["held"] or 0),
+                int(h["leases"] or 0),
+                int(h["requests"] or 0),
+                _seconds(h["wait_mean"]),
+                _seconds(h["wait_max"]),
+            )
+            for h in self.pool.host_stats(now - window)
+        ]
+        parts = [f"proxies in {self.hub.label}: {summary or 'none'}"]
+        if hosts:
+            headers = ("host", "held now", "leases", "requests", "wait mean", "wait max")
+            parts += [f"\nper host, last {window / 60:g} min:", format_table(headers, hosts)]
+        return "\n".join(parts + ["", self._proxy_table()])
+
+    def _proxy_table(self) -> str:
         rows = [
             (
                 item["id"],
@@ -170,3 +205,82 @@ class QueueAdmin:
         """Done, leased, expired and pending counts of queue *name*."""
         queue = WorkQueue(self.hub, name, create=False)
         return f"queue {name!r}: {queue.progress().line()}"
+
+    def stats(self, name: str, window: float = 600.0) -> str:
+        """Progress, failures, speed and ETA of queue *name*, and who holds its batches."""
+        stats = WorkQueue(self.hub, name, create=False).stats(window)
+        p = stats.progress
+        eta = stats.eta
+        lines = [
+            f"queue {name!r} in {self.hub.label}",
+            f"URLs: {p.total:,} total, {p.pending:,} pending, {p.leased:,} leased, "
+            f"{p.expired:,} under expired leases, {p.done:,} done ({stats.failed:,} failed)",
+            f"speed: {stats.rate:,.1f} URLs/s over the last {window / 60:g} min; ETA "
+            + (
+                "done"
+                if eta == 0
+                else "unknown (nothing done lately)"
+                if eta is None
+                else _duration(eta)
+            ),  # fmt: skip
+        ]
+        if stats.held_by_host:
+            rows = [(h, n, urls) for h, (n, urls) in sorted(stats.held_by_host.items())]
+            lines += ["", format_table(("host", "leases", "URLs"), rows)]
+        return "\n".join(lines)
+
+
+class JobAdmin:
+    """Create, change and describe the hub's jobs (``scrapy job``)."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.store = JobStore(hub)
+
+    def create(
+        self, name: str, spider: str, settings: dict[str, str], urls: str | None = None
+    ) -> str:
+        job = self.store.create(name, spider, settings, queue=name if urls else "")
+        lines = [f"job {name!r} created in {self.hub.label}: spider {spider!r}"]
+        if urls:
+            lines.append(QueueAdmin(self.hub).load(job.queue, urls))
+        return "\n".join(lines + [_settings_line(job)])
+
+    def set(self, name: str, settings: dict[str, str]) -> str:
+        job = self.store.set(name, settings)
+        changed = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()))
+        return f"job {name!r} version {job.version}: {changed}"
+
+    def list(self) -> str:
+        jobs = self.store.jobs()
+        if not jobs:
+            return f"no jobs in {self.hub.label} (create one with `scrapy job create`)"
+        return "\n".join(f"{job.name}: spider {job.spider}, {self._progress(job)}" for job in jobs)
+
+    def show(self, name: str) -> str:
+        job = self.store.get(name)
+        updated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(job.updated))
+        return "\n".join(
+            [
+                f"job {job.name!r}: spider {job.spider}, version {job.version}, changed {updated}",
+                _settings_line(job),
+                self._progress(job),
+            ]
+        )
+
+    def _progress(self, job: Job) -> str:
+        if not job.queue:
+            return "no work queue"
+        try:
+            return (
+                f"queue {job.queue!r}: "
+                + WorkQueue(self.hub, job.queue, create=False).progress().line()
+            )
+        except WorkQueueError:
+            return f"queue {job.queue!r}: not loaded"
+
+
+def _settings_line(job: Job) -> str:
+    if not job.settings:
+        return "settings: none (the project's)"
+    return "settings: " + ", ".join(f"{k}={v}" for k, v in sorted(job.settings.items()))

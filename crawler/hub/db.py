@@ -19,10 +19,11 @@ benchmarks can use the hub directly.
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from crawler.hub.errors import HubUnavailableError, InvalidHubURLError
 from crawler.hub.redact import redact_text, redact_url
 
 Params = Sequence[Any]
+logger = logging.getLogger(__name__)
 
 
 class Dialect:
@@ -91,11 +93,32 @@ class Transaction:
 
 
 class Hub:
-    """A connection to the hub database; thread-safe (one lock around the connection)."""
+    """A connection to the hub database; thread-safe (one lock around the connection).
 
-    def __init__(self, conn: Any, dialect: Dialect, url: str) -> None:
-        self._conn = conn
+    A PostgreSQL hub that goes away (restarted, unreachable) is connected to again: the
+    call that finds the connection lost fails with :class:`HubUnavailableError`, and so
+    does every call until a new connection succeeds. Attempts are spaced out from
+    ``RETRY_FIRST`` seconds, doubling up to ``RETRY_MAX``; calls in between fail at once
+    without touching the network. The loss and the return are logged once each.
+    """
+
+    RETRY_FIRST = 0.5
+    RETRY_MAX = 8.0
+
+    def __init__(
+        self,
+        conn: Any,
+        dialect: Dialect,
+        url: str,
+        connect: Callable[[], Any] | None = None,
+    ) -> None:
+        self._conn: Any = conn
+        self._connect = connect
         self._lock = threading.Lock()
+        self._down_since: float | None = None
+        self._retry_at = 0.0
+        self._retry_delay = self.RETRY_FIRST
+        self._last_error = ""
         self.dialect = dialect
         self.url = url
         self.label = redact_url(url)
@@ -149,19 +172,74 @@ class Hub:
                 "pip install 'psycopg[binary]'"
             ) from None
         secrets = [urlsplit(url).password or ""]
-        try:
-            conn = psycopg.connect(url, autocommit=True, connect_timeout=max(int(timeout), 1))
-        except psycopg.Error as exc:
-            reason = redact_text(str(exc).strip().replace("\n", " "), secrets)
-            raise HubUnavailableError(
-                f"cannot reach the hub at {redact_url(url)} within {timeout:g} s: {reason}. "
-                "Check HUB_URL and that the server is up."
-            ) from None
-        return cls(conn, PostgresDialect(), url)
+
+        def connect() -> Any:
+            try:
+                return psycopg.connect(url, autocommit=True, connect_timeout=max(int(timeout), 1))
+            except psycopg.Error as exc:
+                reason = redact_text(str(exc).strip().replace("\n", " "), secrets)
+                raise HubUnavailableError(
+                    f"cannot reach the hub at {redact_url(url)} within {timeout:g} s: "
+                    f"{reason}. Check HUB_URL and that the server is up."
+                ) from None
+
+        return cls(connect(), PostgresDialect(), url, connect)
 
     def close(self) -> None:
         with self._lock:
-            self._conn.close()
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            self._connect = None
+
+    # --- a PostgreSQL hub that goes away -------------------------------------------------
+    def _connection(self) -> Any:
+        """The open connection, or a new one once the backoff allows (lock held)."""
+        conn = self._conn
+        if conn is not None and not (conn.closed or conn.broken):
+            return conn
+        if self._connect is None:
+            raise HubUnavailableError(f"the hub {self.label} is closed")
+        now = time.monotonic()
+        if now < self._retry_at:
+            raise HubUnavailableError(
+                f"the hub {self.label} is unreachable ({self._last_error}); "
+                f"trying again in {self._retry_at - now:.1f} s"
+            )
+        try:
+            self._conn = self._connect()
+        except HubUnavailableError as exc:
+            self._lost(str(exc))
+            raise
+        if self._down_since is not None:
+            logger.warning("The hub %s is back after %.1f s", self.label, now - self._down_since)
+        self._down_since, self._retry_delay = None, self.RETRY_FIRST
+        return self._conn
+
+    def _lost(self, reason: str) -> None:
+        now = time.monotonic()
+        self._last_error = reason
+        if self._down_since is None:
+            self._down_since = now
+            logger.warning(
+                "Lost the hub %s (%s): waiting for it, trying again every %g-%g s",
+                self.label,
+                reason,
+                self.RETRY_FIRST,
+                self.RETRY_MAX,
+            )
+        else:
+            self._retry_delay = min(self._retry_delay * 2, self.RETRY_MAX)
+        self._retry_at = now + self._retry_delay
+
+    def _failed(self, conn: Any, exc: Exception) -> None:
+        """After *exc* on *conn*: a lost connection becomes HubUnavailableError."""
+        if conn.closed or conn.broken:
+            reason = redact_text(str(exc).strip().splitlines()[0] if str(exc) else "", [])
+            self._lost(reason or type(exc).__name__)
+            raise HubUnavailableError(
+                f"lost the connection to the hub {self.label}: {self._last_error}"
+            ) from exc
 
     def __enter__(self) -> Hub:
         return self
@@ -191,18 +269,39 @@ class Hub:
                     raise
                 cur.execute("COMMIT")
             else:
-                with self._conn.transaction(), self._conn.cursor() as cur:
-                    yield Transaction(cur, self.dialect)
+                conn = self._connection()
+                try:
+                    with conn.transaction(), conn.cursor() as cur:
+                        yield Transaction(cur, self.dialect)
+                except Exception as exc:
+                    self._failed(conn, exc)
+                    raise
 
     def query(self, sql: str, params: Params = ()) -> list[tuple[Any, ...]]:
         """The rows of one statement, run in a transaction of its own."""
-        with self.transaction() as tx:
-            return list(tx.execute(sql, params).fetchall())
+        return self._alone(sql, params)[0]
 
     def execute(self, sql: str, params: Params = ()) -> int:
         """Run one statement in a transaction of its own; return the rows it changed."""
-        with self.transaction() as tx:
-            return int(tx.execute(sql, params).rowcount)
+        return self._alone(sql, params)[1]
+
+    def _alone(self, sql: str, params: Params) -> tuple[list[tuple[Any, ...]], int]:
+        # On PostgreSQL a statement outside BEGIN is a transaction of its own: one round
+        # trip instead of three (BEGIN, the statement, COMMIT).
+        if self.dialect.name == "sqlite":
+            with self.transaction() as tx:
+                cur = tx.execute(sql, params)
+                return list(cur.fetchall()), int(cur.rowcount)
+        with self._lock:
+            conn = self._connection()
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(self.dialect.sql(sql), tuple(params))
+                    rows = list(cur.fetchall()) if cur.description is not None else []
+                    return rows, int(cur.rowcount)
+            except Exception as exc:
+                self._failed(conn, exc)
+                raise
 
     def now(self) -> float:
         """The hub's clock."""

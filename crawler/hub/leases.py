@@ -334,7 +334,7 @@ class LeasePool:
         held = self._choose(w.avoid)
         wants_more = held is None or held.inflight > 0
         if acquire and wants_more and self._may_acquire():
-            self._acquire(lambda got: self._serve(w, acquire=got))
+            self._acquire(lambda got: self._serve(w, acquire=got), w.since)
             return
         if held is not None:
             self._assign(w, held)
@@ -421,8 +421,9 @@ class LeasePool:
 
         self.runner.run(fn, _done, _failed)
 
-    def _acquire(self, then: Callable[[bool], None]) -> None:
-        """Lease one more proxy; *then* learns whether one came (no: poll later)."""
+    def _acquire(self, then: Callable[[bool], None], since: float | None = None) -> None:
+        """Lease one more proxy; *then* learns whether one came (no: poll later).
+        *since*: when the request asking for it started waiting, if it waits."""
         self._acquiring = True
         started = self.clock.now()
 
@@ -445,7 +446,10 @@ class LeasePool:
             done(None)
 
         holder, ttl = self.holder, self.config.lease_ttl
-        self._call(lambda: self.proxies.acquire(holder, ttl), done, failed)
+        waits = [w.since for w in self._waiters if w.since is not None]
+        waits += [since] if since is not None else []
+        waited = started - min(waits) if waits else 0.0
+        self._call(lambda: self.proxies.acquire(holder, ttl, waited), done, failed)
 
     def _maybe_release(self, held: _Held) -> None:
         if held.inflight > 0 or held.releasing:

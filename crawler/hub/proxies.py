@@ -10,6 +10,14 @@ enabled, not resting and not under a live lease (PostgreSQL: ``FOR UPDATE SKIP
 LOCKED``; SQLite: the whole database under ``BEGIN IMMEDIATE``), so no proxy ever has
 two live holders. A lease whose holder stopped renewing it expires and is taken over.
 Releasing it lets the proxy rest (:class:`RestPolicy`) before anyone may lease it again.
+
+On PostgreSQL, taking, renewing (a whole heartbeat's leases at once) and releasing a
+lease are one statement each, so that a hub serves thousands of them per second; the
+durability chosen for each is stated beside their SQL. SQLite runs the same steps as a
+few statements in one ``BEGIN IMMEDIATE`` transaction.
+
+Longer than most modules here: every statement on the proxy tables lives in it, in both
+backends' forms.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from crawler.hub.errors import HubError, InvalidProxyURLError
 from crawler.hub.identity import Holder
 from crawler.hub.redact import normalize_proxy_url, redact_url
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 3
 END_REASONS = ("rotated", "banned", "released", "expired")
 _SCHEMA_LOCK = 7302519001  # serialises concurrent creators of these tables
 
@@ -33,7 +41,8 @@ _PROXY_COLUMNS = (
     "failures, bans, consecutive_bans, resting_until, last_used"
 )
 _USAGE_COLUMNS = (
-    "id, proxy_id, host, pid, task, started, ended, requests, bytes, failures, bans, end_reason"
+    "id, proxy_id, host, pid, task, started, ended, requests, bytes, failures, bans, "
+    "end_reason, waited"
 )
 
 # Numbered migrations; {id} and {real} differ between the dialects.
@@ -72,7 +81,101 @@ _MIGRATIONS: dict[int, list[str]] = {
         )""",
         "CREATE INDEX IF NOT EXISTS hub_proxy_usage_proxy ON hub_proxy_usage (proxy_id, started)",
     ],
+    # The least recently used enabled proxy, found at the head of an index rather than by
+    # sorting the pool: leased and resting proxies were used last, so the first rows of
+    # this order are nearly always free.
+    2: [
+        "CREATE INDEX IF NOT EXISTS hub_proxies_lru ON hub_proxies "
+        "((COALESCE(last_used, 0)), id) WHERE enabled = 1",
+    ],
+    # How long the holder had requests waiting for a proxy when it got this lease.
+    3: [
+        "ALTER TABLE hub_proxy_usage ADD COLUMN waited {real} NOT NULL DEFAULT 0",
+        "CREATE INDEX IF NOT EXISTS hub_proxy_usage_started ON hub_proxy_usage (started)",
+    ],
 }
+
+# PostgreSQL takes and renews leases in one statement each, as a transaction of its own
+# (one round trip, one commit). Taking and renewing a lease commit synchronously: a lease
+# the hub forgot in a crash could be given to a second holder while the first still uses
+# it. Releasing commits without waiting for the WAL flush (synchronous_commit off for that
+# transaction only): a crash of the server loses at most the releases of its last few
+# hundred milliseconds, whose proxies then stay leased until their TTL runs out and are
+# taken over, their usage rows closed at the lease's expiry (a later end than the true
+# one, so intervals read from the usage table never look shorter than they were). A clean
+# restart loses nothing.
+_PG_ACQUIRE = """
+WITH t AS (SELECT NOW() AS now),
+pick AS (
+    SELECT p.id, p.state, p.lease_id AS old_lease, p.lease_expires AS old_expires
+    FROM hub_proxies p
+    WHERE p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
+    AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t)
+    ORDER BY COALESCE(p.last_used, 0), p.id LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+expired AS (
+    UPDATE hub_proxy_usage u SET ended = pick.old_expires, end_reason = 'expired'
+    FROM pick WHERE pick.state = 'leased' AND u.id = pick.old_lease AND u.ended IS NULL
+),
+usage AS (
+    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
+    SELECT pick.id, ?, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
+)
+UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
+    lease_expires = usage.started + ?, stretch_uses = 0, last_used = usage.started
+FROM usage WHERE p.id = usage.proxy_id
+RETURNING p.id, p.url, usage.id, usage.started
+"""
+
+_PG_RENEW = """
+WITH t AS (SELECT NOW() AS now),
+b AS (
+    SELECT * FROM unnest(?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[], ?::bigint[],
+        ?::bigint[]) AS b(lease_id, proxy_id, requests, bytes, failures, bans)
+),
+counted AS (
+    UPDATE hub_proxy_usage u SET requests = u.requests + b.requests,
+        bytes = u.bytes + b.bytes, failures = u.failures + b.failures, bans = u.bans + b.bans
+    FROM b WHERE u.id = b.lease_id AND b.requests + b.bytes + b.failures + b.bans > 0
+)
+UPDATE hub_proxies p SET lease_expires = t.now + ?,
+    stretch_uses = p.stretch_uses + b.requests, total_uses = p.total_uses + b.requests,
+    failures = p.failures + b.failures, bans = p.bans + b.bans
+FROM b, t WHERE p.id = b.proxy_id AND p.lease_id = b.lease_id AND p.state = 'leased'
+RETURNING p.lease_id
+"""
+
+# Parameters: proxy id, lease id; counts (requests, bytes, failures, bans); reason;
+# usage row id; reason (banned?); rest seconds, ban rest seconds, ban rest cap, jitter
+# factor; counts (requests, failures, bans, requests).
+_PG_RELEASE = """
+WITH t AS (SELECT NOW() AS now, set_config('synchronous_commit', 'off', true)),
+cur AS (SELECT id, consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ? FOR UPDATE),
+used AS (
+    UPDATE hub_proxy_usage u SET requests = u.requests + ?, bytes = u.bytes + ?,
+        failures = u.failures + ?, bans = u.bans + ?,
+        ended = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
+            THEN (SELECT now FROM t) ELSE u.ended END,
+        end_reason = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
+            THEN ? ELSE u.end_reason END
+    WHERE u.id = ? RETURNING u.requests
+),
+r AS (
+    SELECT cur.id, t.now,
+        CASE WHEN ? THEN cur.consecutive_bans + 1 ELSE 0 END AS streak,
+        CASE WHEN NOT (? OR COALESCE((SELECT requests FROM used), 0) > 0) THEN 0.0
+            WHEN ? THEN LEAST(?::float8 * power(2, cur.consecutive_bans), ?::float8) * ?
+            ELSE ?::float8 * ? END AS rest
+    FROM cur, t
+)
+UPDATE hub_proxies p SET
+    state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
+    holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
+    consecutive_bans = r.streak, total_uses = p.total_uses + ?, failures = p.failures + ?,
+    bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
+FROM r WHERE p.id = r.id
+RETURNING p.id
+"""
 
 
 @dataclass(frozen=True)
@@ -175,6 +278,7 @@ class UsageRow:
     failures: int
     bans: int
     end_reason: str | None
+    waited: float = 0.0
 
 
 class ProxyPool:
@@ -269,9 +373,36 @@ class ProxyPool:
             stats.append(item)
         return stats
 
+    def host_stats(self, since: float) -> list[dict[str, Any]]:
+        """Per host: leases held now; leases taken, requests sent and the wait for a
+        proxy (mean, max) since the hub time *since*."""
+        rows = self.hub.query(
+            "SELECT u.host, SUM(CASE WHEN u.ended IS NULL AND p.lease_id = u.id "
+            "AND p.lease_expires >= NOW() THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN u.started >= ? THEN 1 ELSE 0 END), "
+            "SUM(CASE WHEN u.started >= ? THEN u.requests ELSE 0 END), "
+            "AVG(CASE WHEN u.started >= ? THEN u.waited END), "
+            "MAX(CASE WHEN u.started >= ? THEN u.waited END) "
+            "FROM hub_proxy_usage u LEFT JOIN hub_proxies p ON p.id = u.proxy_id "
+            "WHERE u.ended IS NULL OR u.started >= ? GROUP BY u.host ORDER BY u.host",
+            (since,) * 5,
+        )
+        keys = ("host", "held", "leases", "requests", "wait_mean", "wait_max")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
     # --- leases -------------------------------------------------------------------
-    def acquire(self, holder: Holder, ttl: float) -> Lease | None:
-        """Lease the least recently used free proxy for *ttl* seconds, or return None."""
+    def acquire(self, holder: Holder, ttl: float, waited: float = 0.0) -> Lease | None:
+        """Lease the least recently used free proxy for *ttl* seconds, or return None.
+
+        *waited*: how long the holder has had requests waiting for a proxy (for stats)."""
+        if self.hub.dialect.name == "postgresql":
+            rows = self.hub.query(
+                _PG_ACQUIRE, (holder.host, holder.pid, holder.task, waited, str(holder), ttl)
+            )
+            if not rows:
+                return None
+            proxy_id, url, lease_id, started = rows[0]
+            return Lease(lease_id, proxy_id, url, redact_url(url), started, started + ttl)
         with self.hub.transaction() as tx:
             row = tx.execute(
                 "SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
@@ -289,9 +420,9 @@ class ProxyPool:
                     (old_expires, old_lease),
                 )
             lease_id, started = tx.execute(
-                "INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, started) "
-                "VALUES (?, ?, ?, ?, NOW()) RETURNING id, started",
-                (proxy_id, holder.host, holder.pid, holder.task),
+                "INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started) "
+                "VALUES (?, ?, ?, ?, ?, NOW()) RETURNING id, started",
+                (proxy_id, holder.host, holder.pid, holder.task, waited),
             ).fetchone()
             expires = started + ttl
             tx.execute(
@@ -304,6 +435,8 @@ class ProxyPool:
     def renew(self, lease: Lease, ttl: float, counts: UsageCounts | None = None) -> bool:
         """Extend a lease by *ttl* from now and record usage; False if the lease was lost."""
         counts = counts or UsageCounts()
+        if self.hub.dialect.name == "postgresql":
+            return self.renew_many([(lease, counts)], ttl)[0]
         with self.hub.transaction() as tx:
             _add_usage(tx, lease, counts)
             cur = tx.execute(
@@ -317,8 +450,24 @@ class ProxyPool:
             return cur.rowcount == 1
 
     def renew_many(self, items: Iterable[tuple[Lease, UsageCounts]], ttl: float) -> list[bool]:
-        """:meth:`renew` each lease with its counts (a heartbeat); one result per lease."""
-        return [self.renew(lease, ttl, counts) for lease, counts in items]
+        """:meth:`renew` each lease with its counts (a heartbeat); one result per lease.
+
+        One statement for them all on PostgreSQL."""
+        items = list(items)
+        if self.hub.dialect.name != "postgresql":
+            return [self.renew(lease, ttl, counts) for lease, counts in items]
+        if not items:
+            return []
+        columns = [
+            [lease.lease_id for lease, _ in items],
+            [lease.proxy_id for lease, _ in items],
+            [counts.requests for _, counts in items],
+            [counts.bytes for _, counts in items],
+            [counts.failures for _, counts in items],
+            [counts.bans for _, counts in items],
+        ]
+        renewed = {row[0] for row in self.hub.query(_PG_RENEW, (*columns, ttl))}
+        return [lease.lease_id in renewed for lease, _ in items]
 
     def release(
         self,
@@ -331,6 +480,8 @@ class ProxyPool:
         if reason not in END_REASONS:
             raise ValueError(f"release reason {reason!r} is not one of {END_REASONS}")
         counts, policy = counts or UsageCounts(), policy or RestPolicy()
+        if self.hub.dialect.name == "postgresql":
+            return self._release_pg(lease, reason, counts, policy)
         with self.hub.transaction() as tx:
             _add_usage(tx, lease, counts)
             row = tx.execute(
@@ -358,6 +509,21 @@ class ProxyPool:
                 + (counts.requests, lease.proxy_id),
             )
         return True
+
+    def _release_pg(
+        self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy
+    ) -> bool:
+        banned = reason == "banned"
+        factor = 1 + self._rng.uniform(-policy.jitter, policy.jitter)
+        params = (
+            (lease.proxy_id, lease.lease_id)
+            + (counts.requests, counts.bytes, counts.failures, counts.bans, reason)
+            + (lease.lease_id, banned, counts.requests > 0 or banned, banned)
+            + (policy.ban_rest_seconds, policy.ban_rest_max_seconds, factor)
+            + (max(policy.rest_seconds, 0.0), factor, banned)
+            + (counts.requests, counts.failures, counts.bans, counts.requests)
+        )
+        return bool(self.hub.query(_PG_RELEASE, params))
 
     def release_many(
         self, ends: Iterable[tuple[Lease, str, UsageCounts]], policy: RestPolicy | None = None

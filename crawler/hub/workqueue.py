@@ -6,7 +6,10 @@ the catalog holding their rows, and only then mark the batch done; faster tasks 
 take more batches. A lease expires ``WORK_LEASE_TTL`` seconds after it was taken or
 last renewed: its batch is then taken over, whole, by the next task that asks.
 
-- An item is ``pending``, ``leased`` (under one lease) or ``done``; done is final.
+- An item is ``pending``, ``leased`` (under one lease) or done; done is final. A batch
+  done ends its lease ``done`` and leaves its items as they are: an item is done when its
+  lease ended done (or, from a version 1 hub, when its state says ``done``). One row
+  written per batch instead of one per URL is what lets many tasks share a queue.
 - A lease ends ``done``, ``released`` (its items pending again), or ``expired`` (taken
   over: its items moved to the new lease). Renewing or finishing a lease that ended
   fails, so no batch is ever held by two live leases.
@@ -30,7 +33,7 @@ from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.storage.keys import request_key
 
-WORK_SCHEMA_VERSION = 1
+WORK_SCHEMA_VERSION = 3
 LOAD_CHUNK = 5000
 _SCHEMA_LOCK = 7302519002  # serialises concurrent creators of these tables
 
@@ -66,6 +69,14 @@ _WORK_MIGRATIONS: dict[int, list[str]] = {
         "CREATE INDEX IF NOT EXISTS hub_work_items_lease ON hub_work_items (lease_id)",
         "CREATE INDEX IF NOT EXISTS hub_work_leases_open ON hub_work_leases (queue_id, ended, expires)",
     ],
+    # Only pending items are looked up by state: a smaller index that leasing leaves sooner.
+    2: [
+        "CREATE INDEX IF NOT EXISTS hub_work_items_pending ON hub_work_items (queue_id, id) "
+        "WHERE state = 'pending'",
+        "DROP INDEX IF EXISTS hub_work_items_state",
+    ],
+    # URLs of a finished batch that failed (5xx after retries, timeouts), as its task says.
+    3: ["ALTER TABLE hub_work_leases ADD COLUMN failed INTEGER NOT NULL DEFAULT 0"],
 }
 
 
@@ -106,6 +117,30 @@ class QueueProgress:
             f"done {self.done:,}/{self.total:,} ({pct:.1f}%), leased {self.leased:,} "
             f"by {self.holders} holders, expired {self.expired:,}, pending {self.pending:,}"
         )
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """What an operator of a many-node run watches: progress, speed, who holds what."""
+
+    progress: QueueProgress
+    failed: int  # URLs of finished batches that failed, as their tasks reported
+    done_recently: int  # URLs done in the last `window` seconds
+    window: float
+    held_by_host: dict[str, tuple[int, int]]  # host -> (live leases, URLs under them)
+
+    @property
+    def rate(self) -> float:
+        """URLs done per second over the window."""
+        return self.done_recently / self.window if self.window > 0 else 0.0
+
+    @property
+    def eta(self) -> float | None:
+        """Seconds until every URL is done at the current rate; None when nothing moves."""
+        left = self.progress.total - self.progress.done
+        if left == 0:
+            return 0.0
+        return left / self.rate if self.rate > 0 else None
 
 
 def item_key(url: str) -> str:
@@ -230,47 +265,72 @@ class WorkQueue:
         )
         return changed == 1
 
-    def done(self, batch: WorkBatch) -> bool:
-        """Mark the batch's items done (final); False if the lease ended before."""
-        return self._end(batch, "done")
+    def done(self, batch: WorkBatch, failed: int = 0) -> bool:
+        """Mark the batch's items done (final), *failed* of them failed (for stats);
+        False if the lease ended before."""
+        return self._end(batch, "done", failed)
 
     def release(self, batch: WorkBatch) -> bool:
         """Give the batch back: its items are pending again; False if the lease ended."""
         return self._end(batch, "released")
 
-    def _end(self, batch: WorkBatch, reason: str) -> bool:
+    def _end(self, batch: WorkBatch, reason: str, failed: int = 0) -> bool:
         with self.hub.transaction() as tx:
             ended = tx.execute(
-                "UPDATE hub_work_leases SET ended = NOW(), end_reason = ? "
+                "UPDATE hub_work_leases SET ended = NOW(), end_reason = ?, failed = ? "
                 "WHERE id = ? AND ended IS NULL",
-                (reason, batch.lease_id),
+                (reason, failed, batch.lease_id),
             )
             if ended.rowcount != 1:
                 return False
-            if reason == "done":
-                sql = "UPDATE hub_work_items SET state = 'done', done_at = NOW() "
-            else:
-                sql = "UPDATE hub_work_items SET state = 'pending', lease_id = NULL "
-            tx.execute(sql + "WHERE lease_id = ? AND state = 'leased'", (batch.lease_id,))
+            if reason != "done":
+                tx.execute(
+                    "UPDATE hub_work_items SET state = 'pending', lease_id = NULL "
+                    "WHERE lease_id = ? AND state = 'leased'",
+                    (batch.lease_id,),
+                )
         return True
 
     # --- reporting --------------------------------------------------------------
     def progress(self) -> QueueProgress:
         rows = self.hub.query(
-            "SELECT i.state, COALESCE(l.expires < NOW(), FALSE), COUNT(*) "
+            "SELECT i.state, l.end_reason, COALESCE(l.expires < NOW(), FALSE), COUNT(*) "
             "FROM hub_work_items i LEFT JOIN hub_work_leases l ON l.id = i.lease_id "
-            "WHERE i.queue_id = ? GROUP BY 1, 2",
+            "WHERE i.queue_id = ? GROUP BY 1, 2, 3",
             (self.queue_id,),
         )
         counts = {"pending": 0, "leased": 0, "expired": 0, "done": 0}
-        for state, expired, n in rows:
-            counts["expired" if state == "leased" and expired else state] += int(n)
+        for state, end_reason, expired, n in rows:
+            if state == "leased" and end_reason == "done":
+                state = "done"
+            elif state == "leased" and expired:
+                state = "expired"
+            counts[state] += int(n)
         holders = self.hub.query(
             "SELECT COUNT(*) FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
             "AND expires >= NOW()",
             (self.queue_id,),
         )[0][0]
         return QueueProgress(holders=int(holders), **counts)
+
+    def stats(self, window: float = 600.0) -> QueueStats:
+        """Progress, failures, the rate over the last *window* seconds, leases per host."""
+        failed, recent = self.hub.query(
+            "SELECT COALESCE(SUM(failed), 0), COALESCE(SUM(CASE WHEN ended >= NOW() - ? "
+            "THEN items ELSE 0 END), 0) FROM hub_work_leases "
+            "WHERE queue_id = ? AND end_reason = 'done'",
+            (window, self.queue_id),
+        )[0]
+        held: dict[str, tuple[int, int]] = {}
+        for holder, items in self.hub.query(
+            "SELECT holder, items FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
+            "AND expires >= NOW()",
+            (self.queue_id,),
+        ):
+            host = str(holder).split("/", 1)[0]
+            leases, urls = held.get(host, (0, 0))
+            held[host] = (leases + 1, urls + int(items))
+        return QueueStats(self.progress(), int(failed), int(recent), window, held)
 
     def leases(self) -> list[dict[str, Any]]:
         """Every lease of this queue, oldest first (for tests and status)."""

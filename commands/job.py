@@ -1,0 +1,71 @@
+"""``scrapy job``: jobs in the hub, whose settings every crawl process of them follows."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from scrapy.commands import ScrapyCommand
+from scrapy.exceptions import UsageError
+
+from crawler.hub import Hub, HubError
+from crawler.hub.admin import JobAdmin, hub_url_from
+from crawler.hub.jobs import parse_assignments
+
+ACTIONS = ("create", "set", "list", "show")
+
+
+class Command(ScrapyCommand):
+    requires_project = False
+    default_settings = {"LOG_ENABLED": False}
+
+    def syntax(self) -> str:
+        return (
+            "create NAME --spider SPIDER [-s KEY=VALUE ...] [--urls FILE] | "
+            "set NAME KEY=VALUE ... | list | show NAME"
+        )
+
+    def short_desc(self) -> str:
+        return "Create, change and show jobs in the hub (HUB_URL) that crawls follow"
+
+    def long_desc(self) -> str:
+        return (
+            "A job is a spider, its settings and a work queue, kept in the hub. `create` "
+            "stores them (the -s settings are the job's, --urls loads its work queue); "
+            "crawls started with -s JOB=NAME (or HUB_JOB=NAME) take the job's settings, "
+            "command-line settings winning; `set` changes them, and running crawls apply "
+            "concurrency, delay and proxy settings within JOB_REFRESH_SECONDS. `list` and "
+            "`show` say what each job is and how far its queue is."
+        )
+
+    def add_options(self, parser: argparse.ArgumentParser) -> None:
+        super().add_options(parser)
+        parser.add_argument("--spider", help="the spider the job runs (create)")
+        parser.add_argument("--urls", help="a URL list loaded into the job's queue (create)")
+
+    def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        if not args or args[0] not in ACTIONS:
+            raise UsageError(f"give one of: {', '.join(ACTIONS)}")
+        action, rest = args[0], args[1:]
+        if action == "list" and rest or action in ("create", "show") and len(rest) != 1:
+            raise UsageError(f"`job {action}`: see `scrapy job -h` for its arguments")
+        if action == "set" and len(rest) < 2:
+            raise UsageError("`job set NAME KEY=VALUE ...` takes a name and settings")
+        if action == "create" and not opts.spider:
+            raise UsageError("`job create NAME` needs --spider SPIDER")
+        assert self.settings is not None
+        try:
+            with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
+                admin = JobAdmin(hub)
+                if action == "create":
+                    given = parse_assignments(opts.set or [], "-s ")
+                    print(admin.create(rest[0], opts.spider, given, opts.urls))
+                elif action == "set":
+                    print(admin.set(rest[0], parse_assignments(rest[1:])))
+                elif action == "list":
+                    print(admin.list())
+                else:
+                    print(admin.show(rest[0]))
+        except HubError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1

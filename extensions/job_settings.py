@@ -1,0 +1,175 @@
+"""Follows a running job's settings in the hub (``scrapy job set``) and applies the live
+ones to this crawl without a restart.
+
+On when the crawl runs a job (``JOB``, see ``addons/job.py``). Every
+``JOB_REFRESH_SECONDS`` it asks the hub, in a thread, whether the job changed; the
+settings of :data:`LIVE_SETTINGS` that changed are applied at once, the others are
+logged as taking effect at the next start. Settings given on the command line still win.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from scrapy import signals
+from scrapy.exceptions import NotConfigured
+from scrapy.settings import SETTINGS_PRIORITIES, Settings
+from twisted.internet.task import LoopingCall
+from twisted.internet.threads import deferToThread
+
+from crawler.hub import Hub, HubError
+from crawler.hub.admin import hub_url_from
+from crawler.hub.jobs import Job, JobStore
+from middlewares.proxy_lease import ProxyLeaseMiddleware
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+DOWNLOADER_SETTINGS = ("CONCURRENT_REQUESTS", "CONCURRENT_REQUESTS_PER_DOMAIN", "DOWNLOAD_DELAY")
+PROXY_SETTINGS = (
+    "PROXY_ROTATE_EVERY",
+    "PROXY_REST_SECONDS",
+    "PROXY_BAN_REST_SECONDS",
+    "PROXY_BAN_STATUSES",
+    "PROXY_BAN_BODY_MARKERS",
+    "PROXY_MAX_BAN_RETRIES",
+)
+LIVE_SETTINGS = DOWNLOADER_SETTINGS + PROXY_SETTINGS
+
+
+class JobSettingsExtension:
+    def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        self.name = settings.get("JOB")
+        if not self.name:
+            raise NotConfigured("no JOB: the crawl runs no hub job")
+        self.crawler = crawler
+        self.interval = settings.getfloat("JOB_REFRESH_SECONDS", 60.0)
+        self.version = settings.getint("JOB_VERSION")
+        self.url = hub_url_from(settings.get("HUB_URL"))
+        self.current = {key: settings.get(key) for key in LIVE_SETTINGS}
+        self.pinned = {
+            key
+            for key in LIVE_SETTINGS
+            if (settings.getpriority(key) or 0) >= SETTINGS_PRIORITIES["cmdline"]
+        }
+        self.delay: float | None = None  # DOWNLOAD_DELAY given to new download slots
+        self.domain_concurrency: int | None = None
+        self._hub: Hub | None = None
+        self._loop: LoopingCall | None = None
+        self._asking = False
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> JobSettingsExtension:
+        ext = cls(crawler)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext.request_reached, signal=signals.request_reached_downloader)
+        return ext
+
+    def spider_opened(self) -> None:
+        self._loop = LoopingCall(self.refresh)
+        self._loop.start(self.interval, now=False)
+
+    def spider_closed(self) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        if self._hub is not None:
+            self._hub.close()
+
+    # --- asking the hub -----------------------------------------------------------------
+    def refresh(self) -> None:
+        if self._asking:
+            return
+        self._asking = True
+        d = deferToThread(self._newer)
+        d.addCallbacks(self._apply, self._failed)
+        d.addBoth(self._done)
+
+    def _newer(self) -> Job | None:
+        if self._hub is None:
+            self._hub = Hub.open(self.url)
+        return JobStore(self._hub).newer(self.name, self.version)
+
+    def _failed(self, failure: Any) -> None:
+        if failure.check(HubError):
+            logger.debug("Could not read job %s from the hub: %s", self.name, failure.value)
+            return
+        logger.error("Could not read job %s from the hub: %s", self.name, failure.value)
+
+    def _done(self, _: Any) -> None:
+        self._asking = False
+
+    # --- applying -----------------------------------------------------------------------
+    def _apply(self, job: Job | None) -> None:
+        if job is None:
+            return
+        self.version = job.version
+        changed = {
+            k: v for k, v in job.settings.items() if k not in self.current or self.current[k] != v
+        }
+        for key in sorted(changed):
+            if key in self.pinned:
+                logger.info("Job %s changed %s; the command line's value stays", self.name, key)
+            elif key not in LIVE_SETTINGS:
+                logger.warning(
+                    "Job %s changed %s to %r: it takes effect when a crawl process starts",
+                    self.name,
+                    key,
+                    changed[key],
+                )
+        live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS and k not in self.pinned}
+        if not live:
+            return
+        try:
+            self._apply_live(live)
+        except (TypeError, ValueError) as exc:
+            logger.error("Job %s version %d: not applied: %s", self.name, job.version, exc)
+            return
+        for key in sorted(live):
+            logger.warning(
+                "Job %s version %d: %s %r -> %r (applied live)",
+                self.name,
+                job.version,
+                key,
+                self.current.get(key),
+                live[key],
+            )
+            self.current[key] = live[key]
+        self.crawler.stats.inc_value("job/settings_applied", len(live))
+
+    def _apply_live(self, live: dict[str, str]) -> None:
+        values = Settings({**self.crawler.settings.copy_to_dict(), **self.current, **live})
+        downloader = self.crawler.engine.downloader
+        if "CONCURRENT_REQUESTS" in live:
+            downloader.total_concurrency = values.getint("CONCURRENT_REQUESTS")
+        if "CONCURRENT_REQUESTS_PER_DOMAIN" in live:
+            self.domain_concurrency = values.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
+            downloader.domain_concurrency = self.domain_concurrency
+        if "DOWNLOAD_DELAY" in live:
+            self.delay = values.getfloat("DOWNLOAD_DELAY")
+        for slot in downloader.slots.values():
+            self._adjust(slot)
+        if any(key in PROXY_SETTINGS for key in live):
+            mw = self.crawler.get_downloader_middleware(ProxyLeaseMiddleware)
+            if mw is not None:
+                mw.reconfigure(values)
+
+    def _adjust(self, slot: Any) -> None:
+        if self.delay is not None:
+            slot.delay = self.delay
+        if self.domain_concurrency is not None:
+            slot.concurrency = self.domain_concurrency
+
+    def request_reached(self, request: Request) -> None:
+        """A slot made after a change gets the changed delay and concurrency too."""
+        if self.delay is None and self.domain_concurrency is None:
+            return
+        downloader = self.crawler.engine.downloader
+        slot = downloader.slots.get(downloader.get_slot_key(request))
+        if slot is not None:
+            self._adjust(slot)

@@ -1,0 +1,122 @@
+"""Jobs in the hub (crawler/hub/jobs.py, ``scrapy job``), and a crawl that follows its
+job's settings as they change."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+
+from crawler.hub import Hub, ProxyPool
+from crawler.hub.jobs import JobError, JobStore, parse_assignments
+from tests.conftest import start_crawl, write_urls
+from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
+from tests.proxy_servers import TinyProxy
+from tests.servers import need
+
+
+def test_jobs_are_created_once_and_changed_by_version(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as hub:
+        store = JobStore(hub)
+        job = store.create("j", "site", {"CONCURRENT_REQUESTS": "4"}, queue="j")
+        assert (job.version, job.settings, job.queue) == (1, {"CONCURRENT_REQUESTS": "4"}, "j")
+        with pytest.raises(JobError, match="exists"):
+            store.create("j", "site", {})
+        assert store.newer("j", 1) is None
+        changed = store.set("j", {"DOWNLOAD_DELAY": "0.5", "CONCURRENT_REQUESTS": "2"})
+        assert changed.version == 2
+        assert changed.settings == {"CONCURRENT_REQUESTS": "2", "DOWNLOAD_DELAY": "0.5"}
+        assert store.newer("j", 1) == changed
+        assert [j.name for j in store.jobs()] == ["j"]
+        with pytest.raises(JobError, match="no job 'other'.*scrapy job create"):
+            store.set("other", {"A": "1"})
+
+
+def test_assignments_name_the_malformed_one():
+    assert parse_assignments(["A=1", "B_C=x=y", "D="]) == {"A": "1", "B_C": "x=y", "D": ""}
+    for bad in ("novalue", "=1", "lower=1"):
+        with pytest.raises(JobError, match=f"{bad!r} is not a setting"):
+            parse_assignments([bad])
+
+
+def test_job_commands(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    urls = write_urls(tmp_path / "urls.txt", ["http://example.org/1", "http://example.org/2"])
+    created = scrapy_with_hub(
+        "job", "create", "crawl1", "--spider", "site", "-s", "CONCURRENT_REQUESTS=4",
+        "--urls", str(urls), hub=hub,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert "2 URLs added" in created.stdout and "CONCURRENT_REQUESTS=4" in created.stdout
+    changed = scrapy_with_hub("job", "set", "crawl1", "DOWNLOAD_DELAY=1", hub=hub)
+    assert changed.returncode == 0 and "version 2: DOWNLOAD_DELAY=1" in changed.stdout
+    listed = scrapy_with_hub("job", "list", hub=hub)
+    assert "crawl1: spider site, queue 'crawl1': done 0/2" in listed.stdout
+    shown = scrapy_with_hub("job", "show", "crawl1", hub=hub)
+    assert "CONCURRENT_REQUESTS=4, DOWNLOAD_DELAY=1" in shown.stdout
+    missing = scrapy_with_hub("job", "show", "nope", hub=hub)
+    assert missing.returncode == 1 and "no job 'nope'" in missing.stderr
+    usage = scrapy_with_hub("job", "create", "x", hub=hub)
+    assert usage.returncode == 2 and "--spider" in usage.stderr
+
+
+MARKER = "Demo page number"  # in every page of the demo site
+
+
+def test_a_running_crawl_follows_its_jobs_settings(site, tmp_path, data_dir):
+    if shutil.which("tinyproxy") is None:
+        need("tinyproxy is not installed (Debian: apt-get install tinyproxy)")
+    (tmp_path / "proxies").mkdir()
+    proxies = [TinyProxy(f"job-{n}", tmp_path / "proxies") for n in range(2)]
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    job_settings = {
+        "CONCURRENT_REQUESTS": "4",
+        "DOWNLOAD_DELAY": "5",  # the command line's 0.05 wins
+        "PROXY_REST_SECONDS": "0",
+        "PROXY_BAN_REST_SECONDS": "0",
+        "PROXY_MAX_BAN_RETRIES": "1",
+        "PROXY_ROTATE_EVERY": "1000",
+    }
+    try:
+        for proxy in proxies:
+            proxy.start()
+        with Hub.open(hub) as h:
+            ProxyPool(h).add([p.url for p in proxies])
+            JobStore(h).create("live", "site", job_settings)
+        urls = write_urls(
+            tmp_path / "urls.txt", [f"{site.base_url}/page/{n}.html" for n in range(150)]
+        )
+        log_path = tmp_path / "crawl.log"
+        crawl = start_crawl(
+            urls, data_dir, "-s", f"HUB_URL={hub}", "-s", "JOB=live", "-s",
+            "JOB_REFRESH_SECONDS=0.2", "-s", "DOWNLOAD_DELAY=0.05", "-s", "ROBOTSTXT_OBEY=0",
+            log_path=log_path,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while sum(len(p.requests_logged()) for p in proxies) < 20:
+                assert time.monotonic() < deadline and crawl.poll() is None, log_path.read_text()
+                time.sleep(0.05)
+            changed = scrapy_with_hub(
+                "job", "set", "live", f"PROXY_BAN_BODY_MARKERS={MARKER}",
+                "CONCURRENT_REQUESTS=1", hub=hub,
+            )  # fmt: skip
+            assert changed.returncode == 0, changed.stderr
+            assert crawl.wait(timeout=300) == 0, log_path.read_text()[-5000:]
+        finally:
+            if crawl.poll() is None:
+                crawl.kill()
+                crawl.wait()
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+    log = log_path.read_text()
+    assert "Setting CONCURRENT_REQUESTS='4' from job live" in log
+    assert "Setting DOWNLOAD_DELAY='0.05' from the command line (job live has '5')" in log
+    applied = log.index("CONCURRENT_REQUESTS '4' -> '1' (applied live)")
+    assert f"PROXY_BAN_BODY_MARKERS [] -> '{MARKER}' (applied live)" in log
+    banned = [n for n in range(len(log)) if log.startswith("looks banned", n)]
+    assert banned, "the new ban marker ended leases"
+    assert min(banned) > applied, "no ban before the marker was set"
+    assert "'job/settings_applied': 2" in log
