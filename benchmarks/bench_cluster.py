@@ -3,7 +3,7 @@
     python -m benchmarks.bench_cluster [--tasks 10] [--procs 4] [--proxies 10]
         [--urls 100000] [--batch 500]
 
-``--tasks`` queue-mode tasks (``python -m crawler.task --queue``) of ``--procs`` crawl
+``--tasks`` queue-mode tasks (``python -m slurm.task --queue``) of ``--procs`` crawl
 processes each share one hub: a PostgreSQL cluster of their own (tests/pg_cluster.py,
 so that its CPU can be measured), holding a work queue of ``--urls`` URLs served by
 nginx and a pool of ``--proxies`` real tinyproxies every request goes through. Then it
@@ -218,7 +218,7 @@ class Rehearsal:
         c = self.config
         settings = [arg for k, v in c.crawl_settings().items() for arg in ("-s", f"{k}={v}")]
         command = [
-            sys.executable, "-m", "crawler.task", "--urls", str(self.workdir / "urls.txt"),
+            sys.executable, "-m", "slurm.task", "--urls", str(self.workdir / "urls.txt"),
             "--data", str(self.data), "--stage", str(self.workdir / "stage" / f"t{i}"),
             "--task", str(i), "--tasks", str(c.tasks), "--procs", str(c.procs),
             "--queue", QUEUE, "--batch", str(c.batch), "--name", f"t{i}", "--ship-every", "60",
@@ -290,7 +290,7 @@ class Rehearsal:
         if twice or missing:
             result.problems.append(f"{twice} URLs stored more than once, {missing} not stored")
         merged = subprocess.run(
-            [sys.executable, "-m", "crawler.ship", "merge", str(self.data)],
+            [sys.executable, "-m", "slurm.ship", "merge", str(self.data)],
             cwd=ROOT, capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         verified = subprocess.run(
