@@ -28,7 +28,7 @@ import logging
 import time
 
 from scrapy import Request, signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
 from scrapy.http import Response, TextResponse
 from scrapy.utils.defer import deferred_from_coro
 from twisted.internet import task
@@ -36,7 +36,7 @@ from twisted.internet import task
 from crawler import signals as crawler_signals
 from crawler.reparse.responses import build_response
 from crawler.signals import attempt_fields
-from crawler.storage.errors import CatalogError, StoreError
+from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.keys import request_key
 from crawler.storage.records import ORIG_PREFIX, Fetch, Headers
 from crawler.storage.session import SessionConfig, StorageSession
@@ -134,7 +134,11 @@ class ArchiveMiddleware:
         # cost more per response than counting here (README: Benchmarks).
         self._counts: dict[str, int] = {}
         self._pusher = task.LoopingCall(self._push_counts)
-        self.config = SessionConfig.from_settings(crawler.settings)
+        try:
+            self.config = SessionConfig.from_settings(crawler.settings)
+        except SettingError as exc:
+            # A usage error: `scrapy crawl` prints its one line and exits 2.
+            raise UsageError(str(exc)) from None
         self.session = StorageSession(self.config)
         # Started now, so that it loads while Scrapy starts up; it opens the store in
         # spider_opened, once the data directory is recovered.

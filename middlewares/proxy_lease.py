@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
 from scrapy.core.downloader.handlers.http11 import TunnelError
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import error as txerror
 from twisted.internet.defer import Deferred
@@ -38,7 +38,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, ProxyPool, RestPolicy
+from crawler.hub import Holder, Hub, InvalidHubURLError, ProxyPool, RestPolicy
 from crawler.hub.leases import (
     Finished,
     LeaseConfig,
@@ -350,8 +350,12 @@ class ProxyLeaseMiddleware:
     def __init__(self, crawler: Crawler, hub: Hub | None = None) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
-        self.config = ProxyLeaseConfig.from_settings(crawler.settings)
-        self.hub = hub or Hub.open(self.config.hub_url, self.config.connect_timeout)
+        try:
+            self.config = ProxyLeaseConfig.from_settings(crawler.settings)
+            self.hub = hub or Hub.open(self.config.hub_url, self.config.connect_timeout)
+        except (ProxyLeaseConfigError, InvalidHubURLError) as exc:
+            # A usage error: `scrapy crawl` prints its one line and exits 2.
+            raise UsageError(str(exc)) from None
         try:
             proxies = ProxyPool(self.hub)
             enabled = proxies.enabled_count()

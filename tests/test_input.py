@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tests.checks import catalog_rows
 from tests.conftest import crawl_env, run_crawl, write_urls
 from tests.rawserver import RawServer, response
@@ -49,3 +51,25 @@ def test_a_cookie_makes_no_connection_outside_the_crawl(tmp_path, data_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     assert not outside.exists(), outside.read_text()
     assert len(catalog_rows(data_dir)) == 2
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("CATALOG_BATCH_SIZE=0", "CATALOG_BATCH_SIZE"),
+        ("CATALOG_BATCH_SIZE=abc", "CATALOG_BATCH_SIZE"),
+        ("ARCHIVE_FORMAT=tar", "ARCHIVE_FORMAT"),
+        ("ARCHIVE_COMPRESSOR=bz2", "ARCHIVE_COMPRESSOR"),
+        ("ARCHIVE_GZIP_LEVEL=99", "ARCHIVE_GZIP_LEVEL"),
+        ("HUB_URL=bogus://hub", "HUB_URL"),
+        ("HUB_URL=postgresql://me:secret@[db:5432/crawl", "HUB_URL"),
+    ],
+)
+def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, data_dir, setting, named):
+    urls = write_urls(tmp_path / "u.txt", ["http://127.0.0.1:9/"])
+    result = run_crawl(urls, data_dir, "-s", setting, "-s", "LOG_LEVEL=WARNING")
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and named in lines[0]
+    assert "secret" not in lines[0]
