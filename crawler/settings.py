@@ -31,6 +31,12 @@ DUPEFILTER_CLASS = "extensions.dupefilter.SpillingDupeFilter"
 DUPEFILTER_MEMORY_FINGERPRINTS = 250_000
 DUPEFILTER_CACHE_MIB = 16
 
+# Scrapy's default resolver asks for IPv4 addresses only: http://[::1]:8080/ and hosts
+# with only IPv6 addresses would fail with "DNS lookup failed". This one resolves both
+# (getaddrinfo in a thread) and caches as the default does; it does not apply
+# DNS_TIMEOUT (the download timeout still bounds each request).
+TWISTED_DNS_RESOLVER = "scrapy.resolver.CachingHostnameResolver"
+
 TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.
 REMOTE_CONTROL_ENABLED = False

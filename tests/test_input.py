@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
 from tests.checks import catalog_rows
 from tests.conftest import crawl_env, run_crawl, write_urls
 from tests.rawserver import RawServer, response
+from tests.servers import need
 
 # Records every connection (and name lookup) to a host other than the loopback, then
 # refuses it, so a component that reaches out cannot hang the crawl either.
@@ -73,3 +75,24 @@ def test_a_bad_setting_is_one_line_naming_it_and_exit_2(tmp_path, data_dir, sett
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("error: ") and named in lines[0]
     assert "secret" not in lines[0]
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+def test_an_ipv6_literal_is_fetched(tmp_path, data_dir):
+    if not _ipv6_loopback():
+        need("this machine has no IPv6 loopback (::1)")
+    server = RawServer({"/six": response(body=b"over IPv6")}, host="::1")
+    urls = write_urls(tmp_path / "u.txt", [server.url("/six")])
+    result = run_crawl(urls, data_dir, "-s", "ROBOTSTXT_OBEY=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert server.counts["/six"] == 1
+    [row] = catalog_rows(data_dir).values()
+    assert (row.url, row.status) == (server.url("/six"), 200)
