@@ -34,4 +34,5 @@ def test_duckdb_runs_the_readme_queries_on_a_catalog(site, tmp_path, data_dir):
         results.append(relation.fetchall() if relation is not None else None)
     by_status = {status: count for status, count, _ in results[2]}
     assert by_status == {200: 5, 404: 1}
-    assert results[4] == [(len(rows), max(r.fetched_at for r in rows.values()))]
+    # count(*) alone is what DuckDB's sqlite extension reads by rowid.
+    assert results[4] == [(len(rows),)]
