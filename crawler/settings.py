@@ -89,7 +89,14 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.proxy_lease.ProxyLeaseMiddleware": 740,
 }
 
+# Every request ends with an outcome line, whichever component gave up on it
+# (crawler/downloader.py).
+DOWNLOADER = "crawler.downloader.AccountingDownloader"
+
 SPIDER_MIDDLEWARES = {
+    # Writes the URLs it drops to the action log, and shortens them in the log.
+    "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
+    "middlewares.urllength.LoggedUrlLengthMiddleware": 800,
     # Next to the spider: a stored start request is dropped before Scrapy's own
     # spider middlewares (referer, URL length, depth) spend time on it.
     "middlewares.resume.ResumeSpiderMiddleware": 1010,

@@ -180,6 +180,7 @@ class ArchiveMiddleware:
             self._pusher.stop()
         self._push_counts()
         self._storing = False
+        logger.info("%s", self._outcomes())
         try:
             summary = self.session.close()
         except StoreError as exc:
@@ -190,6 +191,16 @@ class ArchiveMiddleware:
             # What storing cost besides the crawl's own process (benchmarks read it).
             self.stats.set_value("archive/writer_cpu_seconds", round(summary["cpu_seconds"], 3))
             logger.info("%s", self.session.summary(summary).text())
+
+    def _outcomes(self) -> str:
+        get = self.stats.get_value
+        counts = ", ".join(
+            f"{get(f'actions/{outcome}', 0):,} {outcome}"
+            for outcome in ("ok", "cache_hit", "not_modified", "error")
+        )
+        total = get("progress/list_total")
+        done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
+        return f"Outcomes of this run: {counts}; listed URLs done: {done}."
 
     def _fail(self, message: str) -> None:
         if self._failed:
@@ -235,6 +246,7 @@ class ArchiveMiddleware:
         return {**attempt_fields(request), **fields}
 
     def _record(self, request: Request, outcome: str, **fields) -> None:
+        crawler_signals.mark_final(request, outcome)
         self.record_action(outcome=outcome, **self._fields(request, **fields))
 
     # -- keys and the start-request fast path ---------------------------------------
@@ -343,6 +355,7 @@ class ArchiveMiddleware:
             self._record(request, "error", status=status, error=f"not stored: {exc}")
             self._fail(str(exc))
             return response
+        crawler_signals.mark_final(request, "ok")
         self._inc("archive/stored")
         self._inc("archive/stored_bytes", size)
         self._count("ok", depth)
