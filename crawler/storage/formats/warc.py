@@ -249,7 +249,7 @@ def warc_record(
     payload in 16 KiB chunks to compute them, and build every record through several
     header rewrites, which together cost as much as compressing the record.
     """
-    http_block = http_headers.to_ascii_bytes() if http_headers is not None else b""
+    http_block = wire_bytes(http_headers) if http_headers is not None else b""
     block = hashlib.sha1(http_block)
     block.update(payload)
     warc_headers = [("WARC-Type", rec_type), ("WARC-Record-ID", record_id), *headers]
@@ -262,6 +262,30 @@ def warc_record(
     ]
     head = StatusAndHeaders("", warc_headers, protocol="WARC/1.1").to_bytes()
     return [head, http_block, payload, b"\r\n\r\n"]
+
+
+def wire_bytes(http_headers: StatusAndHeaders) -> bytes:
+    """The HTTP header block as the bytes that came over the wire.
+
+    Header names and values are held as the wire's bytes read as latin-1, so encoding
+    them as latin-1 gives those bytes back, as warcio writes the headers it captures
+    itself. (Its ``to_ascii_bytes`` would percent-encode every non-ASCII value.) A line
+    holding a character latin-1 cannot encode never came over the wire as bytes (a
+    header a browser reported): it is written as UTF-8.
+    """
+    text = http_headers.to_str()
+    try:
+        return text.encode("latin-1") + b"\r\n"
+    except UnicodeEncodeError:
+        lines = text.splitlines(keepends=True)
+        return b"".join(_line_bytes(line) for line in lines) + b"\r\n"
+
+
+def _line_bytes(line: str) -> bytes:
+    try:
+        return line.encode("latin-1")
+    except UnicodeEncodeError:
+        return line.encode("utf-8")
 
 
 def _b32(digest: bytes) -> str:
@@ -313,7 +337,9 @@ def stored_record(record: WarcRecord, where: str) -> StoredRecord:
     return StoredRecord(
         url=headers.get("WARC-Target-URI"),
         status=http.status_code,
-        headers=list(http.astuples()),
+        # As the crawl holds them: the wire's bytes read as latin-1 (FastWARC's own
+        # decoding is cp1252, which would not give the bytes back).
+        headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in http.items_bytes()],
         body=record.reader.read(),
         warc_headers=warc_headers,
     )
