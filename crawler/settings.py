@@ -85,6 +85,8 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.robotstxt.RobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "middlewares.retry.LoggedRetryMiddleware": 550,
+    # Inside RedirectMiddleware (600): keeps each redirect for the archive.
+    "middlewares.redirect_hops.RedirectHopsMiddleware": 610,
     # Before HttpProxyMiddleware (750), which reads the proxy it sets.
     "middlewares.proxy_lease.ProxyLeaseMiddleware": 740,
 }

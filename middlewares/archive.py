@@ -38,7 +38,7 @@ from crawler.reparse.responses import build_response
 from crawler.signals import attempt_fields
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.keys import request_key
-from crawler.storage.records import ORIG_PREFIX, Fetch, Headers
+from crawler.storage.records import ORIG_PREFIX, Fetch, Headers, Hop
 from crawler.storage.session import SessionConfig, StorageSession
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,9 @@ COUNTS_SECONDS = 1.0
 CACHED_FLAG = "cached"
 SOURCE_META = "render_source"
 HIDDEN_REQUEST_HEADERS = frozenset({"proxy-authorization", "authorization"})
-_HIDDEN = frozenset(name.encode() for name in HIDDEN_REQUEST_HEADERS)
+HIDDEN_HEADERS = frozenset(name.encode() for name in HIDDEN_REQUEST_HEADERS)
+# Request meta key: the redirects followed so far (middlewares/redirect_hops.py).
+HOPS_META = "archive_hops"
 
 
 class CachedRequest(IgnoreRequest):
@@ -71,6 +73,15 @@ def header_list(headers, hidden: frozenset[bytes] = frozenset()) -> Headers:
     ]
 
 
+def hops_before(request: Request, response: Response) -> list[Hop]:
+    """The redirects followed to reach ``response`` (middlewares/redirect_hops.py),
+    not ``response`` itself, which may be a redirect the crawl did not follow."""
+    hops = request.meta.get(HOPS_META, [])
+    if hops and hops[-1].url == response.url and hops[-1].status == response.status:
+        return hops[:-1]
+    return list(hops)
+
+
 def response_fetch(key: str, request: Request, response: Response) -> Fetch:
     """What the archive stores of a response."""
     meta = request.meta
@@ -81,11 +92,12 @@ def response_fetch(key: str, request: Request, response: Response) -> Fetch:
         url=meta.get("catalog_url", request.url),
         final_url=response.url,
         method=request.method,
-        request_headers=header_list(request.headers, _HIDDEN),
+        request_headers=header_list(request.headers, HIDDEN_HEADERS),
         request_body=request.body,
         status=response.status,
         response_headers=header_list(response.headers),
         body=response.body,
+        redirects=hops_before(request, response),
     )
 
 

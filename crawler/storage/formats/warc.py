@@ -45,6 +45,7 @@ from crawler.storage.records import (
     REQUESTED_URI_HEADER,
     Fetch,
     Headers,
+    Hop,
     Indexed,
     Row,
     StoredRecord,
@@ -116,6 +117,8 @@ class WarcWriter(ArchiveWriter):
         """Write the response and request records of a fetch; returns its catalog row."""
         if self._file is None:
             self._open()
+        for hop in fetch.redirects:
+            self._write_hop(hop)
         date = warc_date(fetch.fetched_at)
         body = fetch.body
         http_headers = StatusAndHeaders(
@@ -147,6 +150,33 @@ class WarcWriter(ArchiveWriter):
             return self._write_conversion(fetch, date, record_id)
         return fetch_row(fetch, self.relpath, offset, length, digest)
 
+    def _write_hop(self, hop: Hop) -> None:
+        """A followed redirect as its own response and request records. They carry no
+        X-Crawl-Key: the key's row points at the final answer, and indexing the
+        archive (rebuild, repair) skips them as it skips any record without one."""
+        date = warc_date(hop.fetched_at)
+        http_headers = StatusAndHeaders(
+            f"{hop.status} {_reason(hop.status)}",
+            payload_headers(hop.headers, len(hop.body)),
+            protocol="HTTP/1.1",
+        )
+        record_id = make_warc_id()
+        self._append(
+            warc_record(
+                "response",
+                record_id,
+                [("WARC-Date", date), ("WARC-Target-URI", hop.url)],
+                http_headers,
+                hop.body,
+                digest=payload_digest(hop.body),
+            )
+        )
+        self._append(
+            self._request_record_of(
+                hop.url, hop.method, hop.request_headers, hop.request_body, date, record_id
+            )
+        )
+
     def _write_conversion(self, fetch: Fetch, date: str, refers_to: str) -> Row:
         """The rendered DOM as a ``conversion`` record of the response; its row."""
         body = fetch.rendered_body
@@ -176,25 +206,43 @@ class WarcWriter(ArchiveWriter):
         return fetch_row(fetch, self.relpath, offset, length, digest, rendered=True)
 
     def _request_record(self, fetch: Fetch, date: str, concurrent_to: str) -> list:
-        parts = urlsplit(fetch.final_url)
+        return self._request_record_of(
+            fetch.final_url,
+            fetch.method,
+            fetch.request_headers,
+            fetch.request_body,
+            date,
+            concurrent_to,
+        )
+
+    def _request_record_of(
+        self,
+        url: str,
+        method: str,
+        request_headers: Headers,
+        body: bytes,
+        date: str,
+        concurrent_to: str,
+    ) -> list:
+        parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        headers = list(fetch.request_headers)
+        headers = list(request_headers)
         if header(headers, "Host") is None:
             headers.insert(0, ("Host", parts.netloc))
         http_headers = StatusAndHeaders(
-            f"{fetch.method} {target} HTTP/1.1", headers, is_http_request=True
+            f"{method} {target} HTTP/1.1", headers, is_http_request=True
         )
         return warc_record(
             "request",
             make_warc_id(),
             [
                 ("WARC-Date", date),
-                ("WARC-Target-URI", fetch.final_url),
+                ("WARC-Target-URI", url),
                 ("WARC-Concurrent-To", concurrent_to),
             ],
             http_headers,
-            fetch.request_body,
-            digest=payload_digest(fetch.request_body),
+            body,
+            digest=payload_digest(body),
         )
 
     def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
