@@ -20,6 +20,10 @@ what the server sent (a browser hands over the DOM it rendered). It holds the
 server's answer as plain data (``url``, ``status``, ``headers``, ``body``,
 ``request_headers``), or None when none was captured; that answer is stored as the
 response and the response's body as what was rendered from it.
+
+A request for a key this run is still fetching or storing waits for its row
+(``crawler/storage/unsettled.py``), so that a URL is fetched once. (Over 400 lines:
+storing and skipping are one component's two sides of the same request.)
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 from scrapy import Request, signals
 from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
 from scrapy.http import Response, TextResponse
-from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet import task
 
 from crawler import signals as crawler_signals
@@ -40,10 +44,13 @@ from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.keys import request_key
 from crawler.storage.records import ORIG_PREFIX, Fetch, Headers, Hop
 from crawler.storage.session import SessionConfig, StorageSession
+from crawler.storage.unsettled import UnsettledKeys
 
 logger = logging.getLogger(__name__)
 # How often counts kept by the middleware reach the stats.
 COUNTS_SECONDS = 1.0
+# How often a request waiting for its key's row asks the catalog.
+SETTLE_POLL_SECONDS = 0.2
 
 CACHED_FLAG = "cached"
 SOURCE_META = "render_source"
@@ -156,6 +163,10 @@ class ArchiveMiddleware:
         # spider_opened, once the data directory is recovered.
         self.session.start_writer()
         self.revalidate = False
+        # Keys fetched or stored by this run but not yet committed: a request for one
+        # waits for its row (a commit comes at least every CATALOG_FLUSH_SECONDS).
+        self._unsettled = UnsettledKeys()
+        self._settle_seconds = 2 * self.config.store.flush_seconds + 10
         self._failed = False
         self._storing = False  # the writer has opened the store
 
@@ -310,13 +321,36 @@ class ArchiveMiddleware:
         # too, even if another request fetched that URL, or its key never gets a row.
         request.dont_filter = True
         if meta.get("catalog_checked") and not meta.get("catalog_cached"):
+            self._unsettled.fetching(key)  # checked in a batch, or a redirect or retry
             return None
         if meta.get("catalog_revalidating"):
             return None  # a redirect or retry of a revalidation
         row = self.session.lookup(key)
+        if row is None and key in self._unsettled:
+            return self._when_settled(request, key)
+        return self._answer(request, key, row)
+
+    async def _when_settled(self, request: Request, key: str) -> Response | None:
+        """Wait for the row of a key this run is fetching or storing, then answer as
+        for a stored one; fetch when its fetch stored nothing, or after a while."""
+        from twisted.internet import reactor
+
+        self.stats.inc_value("catalog/waits_for_writer")
+        deadline = time.monotonic() + self._settle_seconds
+        row = None
+        while row is None and key in self._unsettled and time.monotonic() < deadline:
+            await maybe_deferred_to_future(task.deferLater(reactor, SETTLE_POLL_SECONDS))
+            if self.session.catalog is None:
+                break
+            row = self.session.lookup(key)
+        return self._answer(request, key, row)
+
+    def _answer(self, request: Request, key: str, row) -> Response | None:
+        meta = request.meta
         meta["catalog_checked"] = True
         meta["catalog_cached"] = row is not None
         if row is None:
+            self._unsettled.fetching(key)
             return None
         if meta.get("catalog_revalidate", self.revalidate):
             if not (row.etag or row.last_modified):
@@ -354,6 +388,7 @@ class ArchiveMiddleware:
         if status == 304 and meta.get("catalog_revalidating"):
             return self._not_modified(request, response)
         if status not in self.config.store_statuses:
+            self._unsettled.failed(self.key_for(request))
             self._record(request, "error", status=status, error=f"HTTP {status}")
             return response
         fetch = response_fetch(self.key_for(request), request, response)
@@ -368,6 +403,7 @@ class ArchiveMiddleware:
             self._fail(str(exc))
             return response
         crawler_signals.mark_final(request, "ok")
+        self._unsettled.stored(fetch.key)
         self._inc("archive/stored")
         self._inc("archive/stored_bytes", size)
         self._count("ok", depth)
@@ -394,5 +430,6 @@ class ArchiveMiddleware:
             error = str(exception) or "ignored"
         else:
             error = f"{type(exception).__name__}: {exception}"
+        self._unsettled.failed(self.key_for(request))
         self._record(request, "error", error=error)
         return None
