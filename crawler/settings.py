@@ -163,8 +163,11 @@ RENDER_ENABLED = False
 RENDER_URL_PATTERNS = []
 # What to wait for after the load event before the DOM is taken: "load",
 # "networkidle", "selector=CSS", "timeout=MS", joined with "&". Per request:
-# meta["render"] = True or a wait spec, meta["render_wait"].
-RENDER_WAIT = "load"
+# meta["render"] = True or a wait spec, meta["render_wait"]. The default waits, as
+# browsertrix does, for the network to go quiet after load (no request for 500 ms),
+# so content a script fills from a timer or a fetch() is there; a page that never goes
+# quiet is taken as it is after RENDER_TIMEOUT.
+RENDER_WAIT = "networkidle"
 # Sub-resources the browser does not fetch.
 RENDER_BLOCK_RESOURCES = ["image", "media", "font"]
 # Pages open at once per browser context, and contexts (one shared, plus one per proxy
