@@ -96,6 +96,9 @@ DOWNLOADER_MIDDLEWARES = {
 DOWNLOADER = "crawler.downloader.AccountingDownloader"
 
 SPIDER_MIDDLEWARES = {
+    # Ignored statuses at DEBUG: the action log has their lines, the stats their counts.
+    "scrapy.spidermiddlewares.httperror.HttpErrorMiddleware": None,
+    "middlewares.httperror.QuietHttpErrorMiddleware": 50,
     # Writes the URLs it drops to the action log, and shortens them in the log.
     "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
     "middlewares.urllength.LoggedUrlLengthMiddleware": 800,

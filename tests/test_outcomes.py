@@ -73,3 +73,13 @@ def test_every_listed_url_ends_with_one_outcome(tmp_path, data_dir):
     assert "1 ok, 0 cache_hit, 0 not_modified, 5 error" in result.stderr
     assert "Traceback" not in result.stderr
     assert "x" * 1000 not in result.stderr
+
+
+def test_ignored_statuses_are_not_log_noise(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/missing/3", f"{site.base_url}/gone/4", f"{site.base_url}/page/5.html"]
+    result = run_crawl(write_urls(tmp_path / "u.txt", urls), data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Ignoring response" not in result.stderr
+    assert re.search(r"'httperror/response_ignored_count': 2\b", result.stderr)
+    lines = {a["url"]: a for a in actions(data_dir)}
+    assert (lines[urls[0]]["outcome"], lines[urls[0]]["status"]) == ("ok", 404)
