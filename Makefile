@@ -12,6 +12,7 @@ $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/python -c "from duckdb_extensions import import_extension; import_extension('sqlite')"
 	touch $(STAMP)
 
 demo: install

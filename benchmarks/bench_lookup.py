@@ -4,7 +4,8 @@
 
 Builds a catalog of ``--rows`` synthetic rows, then times the two lookups the crawl
 makes: ``present()`` over batches of 256 keys (the start-request fast path; half of
-them stored) and ``get()`` of one key (followed links).
+them stored) and ``get()`` of one key (followed links); then what the writer process
+pays to commit new rows into it, in transactions of ``CATALOG_BATCH_SIZE`` (200).
 """
 
 from __future__ import annotations
@@ -22,6 +23,16 @@ from crawler.storage.catalog import Catalog
 BATCH = 256
 
 
+COMMIT_BATCH = 200
+
+
+def _values(n: int) -> tuple:
+    # In the order of crawler.storage.catalog.COLUMNS.
+    return (_key(n), f"http://example.org/{n}", f"http://example.org/{n}", 200,
+            "text/html", 50000, None, None, "2026-01-01T00:00:00.000000Z",
+            "archive/a.warc.gz", n, 20000, None, "GET", 0)  # fmt: skip
+
+
 def _key(n: int) -> str:
     return hashlib.sha256(b"http://example.org/%d" % n).hexdigest()
 
@@ -32,15 +43,7 @@ def build(path: Path, rows: int) -> float:
         chunk = 200_000
         for first in range(0, rows, chunk):
             with catalog.transaction():
-                catalog.upsert_values(
-                    [
-                        # In the order of crawler.storage.catalog.COLUMNS.
-                        (_key(n), f"http://example.org/{n}", f"http://example.org/{n}", 200,
-                         "text/html", 50000, None, None, "2026-01-01T00:00:00.000000Z",
-                         "archive/a.warc.gz", n, 20000, None, "GET", 0)
-                        for n in range(first, min(first + chunk, rows))
-                    ]
-                )  # fmt: skip
+                catalog.upsert_values([_values(n) for n in range(first, min(first + chunk, rows))])
     return time.perf_counter() - started
 
 
@@ -66,6 +69,17 @@ def measure(path: Path, rows: int, seconds: float = 5.0) -> tuple[float, float]:
     return batched, single
 
 
+def commits(path: Path, rows: int, batches: int = 200) -> float:
+    """Microseconds per row to commit ``batches`` transactions of new rows."""
+    values = [_values(rows * 2 + n) for n in range(batches * COMMIT_BATCH)]
+    with Catalog(path) as catalog:
+        started = time.perf_counter()
+        for first in range(0, len(values), COMMIT_BATCH):
+            with catalog.transaction():
+                catalog.upsert_values(values[first : first + COMMIT_BATCH])
+        return (time.perf_counter() - started) / len(values) * 1e6
+
+
 def run(rows: int = 10_000_000, workdir: Path | None = None) -> list[str]:
     workdir = Path(workdir or tempfile.mkdtemp(prefix="bench-lookup-"))
     path = workdir / "metadata.db"
@@ -74,12 +88,14 @@ def run(rows: int = 10_000_000, workdir: Path | None = None) -> list[str]:
         os.path.getsize(p) for p in workdir.glob("metadata.db-*") if p.exists()
     )
     batched, single = measure(path, rows)
+    per_row = commits(path, rows)
     for p in workdir.glob("metadata.db*"):
         p.unlink()
     return [
         f"catalog of {rows:,} rows: built in {build_seconds:.0f} s, {size / 1e9:.2f} GB",
         f"present() in batches of {BATCH} (half stored): {batched:,.0f} keys/s",
         f"get() of one key: {single:,.0f} lookups/s",
+        f"commit of new rows, {COMMIT_BATCH} a transaction: {per_row:.1f} us/row",
     ]
 
 

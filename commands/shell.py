@@ -12,11 +12,14 @@ ARCHIVE_SHELL (``-s ARCHIVE_SHELL=...``):
 from __future__ import annotations
 
 import logging
+import sys
 
 from scrapy.commands.shell import Command as ScrapyShellCommand
 from scrapy.exceptions import UsageError
 
+from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from crawler.storage.keys import request_key
 
 logger = logging.getLogger(__name__)
 
@@ -79,11 +82,37 @@ class Command(ScrapyShellCommand):
 
     def run(self, args, opts) -> None:
         self.shell_crawler = None
+        if args and (problem := offline_miss(self.settings, args[0])):
+            print(f"error: {problem}", file=sys.stderr)
+            self.exitcode = 1
+            return
         try:
             super().run(args, opts)
         finally:
             if self.shell_crawler is not None:
                 close_storage(self.shell_crawler)
+
+
+def offline_miss(settings, url: str) -> str | None:
+    """Why ``url`` cannot be answered offline, or None when it can (or is not offline).
+
+    Offline, Scrapy's shell would hand the console ``response = None`` for a URL that
+    is not stored, and the user's first ``response.status`` would fail.
+    """
+    if (settings.get("ARCHIVE_SHELL") or "archive").lower() != "offline":
+        return None
+    if not url.lower().startswith(("http://", "https://")):
+        return None  # a local file, or a URL Scrapy completes: not ours to judge
+    datadir = DataDir.from_settings(settings)
+    if datadir.catalog_path.exists():
+        with Catalog(datadir.catalog_path, readonly=True) as catalog:
+            if catalog.get(request_key(url)) is not None:
+                return None
+    return (
+        f"{url} is not in the catalog of {datadir.root} (ARCHIVE_SHELL=offline fetches "
+        "nothing): fetch and store it with `scrapy shell URL`, or crawl it with "
+        "`scrapy crawl site -a urls=FILE`"
+    )
 
 
 def close_storage(crawler) -> None:

@@ -102,7 +102,7 @@ class RenderConfig:
         return cls(
             enabled=settings.getbool("RENDER_ENABLED") or bool(patterns) or render_all,
             patterns=patterns,
-            wait=Wait.parse(settings.get("RENDER_WAIT") or "load"),
+            wait=Wait.parse(settings.get("RENDER_WAIT") or "networkidle"),
             blocked=frozenset(settings.getlist("RENDER_BLOCK_RESOURCES", list(DEFAULT_BLOCKED))),
             max_pages=max_pages,
             max_contexts=max_contexts,

@@ -31,6 +31,12 @@ DUPEFILTER_CLASS = "extensions.dupefilter.SpillingDupeFilter"
 DUPEFILTER_MEMORY_FINGERPRINTS = 250_000
 DUPEFILTER_CACHE_MIB = 16
 
+# Scrapy's default resolver asks for IPv4 addresses only: http://[::1]:8080/ and hosts
+# with only IPv6 addresses would fail with "DNS lookup failed". This one resolves both
+# (getaddrinfo in a thread) and caches as the default does; it does not apply
+# DNS_TIMEOUT (the download timeout still bounds each request).
+TWISTED_DNS_RESOLVER = "scrapy.resolver.CachingHostnameResolver"
+
 TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.
 REMOTE_CONTROL_ENABLED = False
@@ -79,11 +85,23 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.robotstxt.RobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "middlewares.retry.LoggedRetryMiddleware": 550,
+    # Inside RedirectMiddleware (600): keeps each redirect for the archive.
+    "middlewares.redirect_hops.RedirectHopsMiddleware": 610,
     # Before HttpProxyMiddleware (750), which reads the proxy it sets.
     "middlewares.proxy_lease.ProxyLeaseMiddleware": 740,
 }
 
+# Every request ends with an outcome line, whichever component gave up on it
+# (crawler/downloader.py).
+DOWNLOADER = "crawler.downloader.AccountingDownloader"
+
 SPIDER_MIDDLEWARES = {
+    # Ignored statuses at DEBUG: the action log has their lines, the stats their counts.
+    "scrapy.spidermiddlewares.httperror.HttpErrorMiddleware": None,
+    "middlewares.httperror.QuietHttpErrorMiddleware": 50,
+    # Writes the URLs it drops to the action log, and shortens them in the log.
+    "scrapy.spidermiddlewares.urllength.UrlLengthMiddleware": None,
+    "middlewares.urllength.LoggedUrlLengthMiddleware": 800,
     # Next to the spider: a stored start request is dropped before Scrapy's own
     # spider middlewares (referer, URL length, depth) spend time on it.
     "middlewares.resume.ResumeSpiderMiddleware": 1010,
@@ -155,8 +173,11 @@ RENDER_ENABLED = False
 RENDER_URL_PATTERNS = []
 # What to wait for after the load event before the DOM is taken: "load",
 # "networkidle", "selector=CSS", "timeout=MS", joined with "&". Per request:
-# meta["render"] = True or a wait spec, meta["render_wait"].
-RENDER_WAIT = "load"
+# meta["render"] = True or a wait spec, meta["render_wait"]. The default waits, as
+# browsertrix does, for the network to go quiet after load (no request for 500 ms),
+# so content a script fills from a timer or a fetch() is there; a page that never goes
+# quiet is taken as it is after RENDER_TIMEOUT.
+RENDER_WAIT = "networkidle"
 # Sub-resources the browser does not fetch.
 RENDER_BLOCK_RESOURCES = ["image", "media", "font"]
 # Pages open at once per browser context, and contexts (one shared, plus one per proxy

@@ -16,6 +16,28 @@ def attempt_fields(request) -> dict:
     }
 
 
+# Request meta key: the final outcome recorded for this request (absent while none is).
+FINAL_OUTCOME = "catalog_outcome"
+
+
+def mark_final(request, outcome: str) -> None:
+    """Note that ``request`` has its outcome line (a retry is not final)."""
+    if outcome != "retry":
+        request.meta[FINAL_OUTCOME] = outcome
+
+
+def has_outcome(request) -> bool:
+    return FINAL_OUTCOME in request.meta
+
+
 def send_action(crawler, request, outcome: str, **fields) -> None:
     """Send :data:`action` for one attempt of ``request``."""
+    mark_final(request, outcome)
     crawler.signals.send_catch_log(action, outcome=outcome, **attempt_fields(request), **fields)
+
+
+def short_url(url: str, limit: int = 200) -> str:
+    """``url`` cut for a log line: a list may hold URLs of a megabyte."""
+    if len(url) <= limit:
+        return url
+    return f"{url[: limit - 40]}...({len(url):,} characters)"

@@ -40,6 +40,16 @@ def url_list(base: str, path: Path) -> Path:
     return path
 
 
+ON_PURPOSE = """\
+Some listed URLs fail on purpose, and the log says so:
+  /missing/12, /gone/13  404 and 410: final answers, stored (so are the 404s of links)
+  /error/14              500 every time: "Gave up retrying" at ERROR, no row, tried again next run
+  /flaky/15              503 once, then a page: one retry, then stored
+  /private/16            robots.txt forbids it: an error line in the action log
+  "this line is not..."  not a URL: "Skipped line" with its line number
+"""
+
+
 def show_catalog(data_dir: Path) -> None:
     datadir = DataDir(data_dir)
     with Catalog(datadir.catalog_path, readonly=True) as catalog:
@@ -87,6 +97,7 @@ def main() -> int:
         "-s", f"DATA_DIR={DATA_DIR}", "-s", "PROGRESS_INTERVAL=3",
         "-s", "AUTOTHROTTLE_TARGET_CONCURRENCY=8",
     ]  # fmt: skip
+    print(ON_PURPOSE)
     print("Running:", " ".join(command[2:]), flush=True)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     code = subprocess.call(command, cwd=ROOT, env=env)

@@ -20,7 +20,11 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
     /product/N.html       a shop's product page (the ``products`` example spider)
     /sitemap.xml          an XML sitemap of the first pages
     /js/N                 a page whose title, text and links appear only after JavaScript
-                          runs (?delay=MS: after that pause); its image is /img/N.png
+                          runs (?delay=MS: after that pause; &after=load: counted from
+                          the load event; ?fetch=1: from /data/N?ms=MS fetched after load,
+                          which answers after MS); its
+                          image is /img/N.png
+    /data/N               what /js/N?fetch=1 fetches (JSON; ?ms=MS: after that pause)
 
 Pages whose number is a multiple of 50 also link to themselves on ``localhost`` (the
 same server under another registered domain) and, by an absolute URL, to the page two
@@ -256,17 +260,26 @@ class DemoSite:
             },
         )
 
-    def js_page(self, n: int, delay_ms: int = 0) -> Answer:
+    def js_page(
+        self, n: int, delay_ms: int = 0, after_load: bool = False, fetch: bool = False
+    ) -> Answer:
         """A page that is empty until its script runs (the tests' rendering target)."""
-        script = (
-            "setTimeout(function () {"
+        fill = (
+            "function fill() {"
             f"document.title = 'JS page {n}';"
             "var c = document.getElementById('content');"
             f"c.innerHTML = '<h1>Rendered {n}</h1><p class=\"js\">made by script</p>'"
             f" + '<a href=\"/js/{(n + 1) % self.pages}\">next</a>';"
             "c.setAttribute('data-ready', '1');"
-            f"}}, {delay_ms});"
+            "}"
         )
+        if fetch:
+            start = f"fetch('/data/{n}?ms={delay_ms}').then(function (r) {{ return r.json(); }}).then(fill);"
+        else:
+            start = f"setTimeout(fill, {delay_ms});"
+        if after_load or fetch:
+            start = f"window.addEventListener('load', function () {{ {start} }});"
+        script = fill + start
         body = (
             "<!DOCTYPE html><html><head><title></title></head><body>"
             f"<div id='content'></div><img src='/img/{n}.png'>"
@@ -301,7 +314,15 @@ class DemoSite:
             body = self.product_html(n, version)
             return Answer(200, body, {"Content-Type": "text/html; charset=utf-8"})
         if kind == "js":
-            return self.js_page(n, int(query.get("delay", ["0"])[0]))
+            return self.js_page(
+                n,
+                int(query.get("delay", ["0"])[0]),
+                after_load=query.get("after") == ["load"],
+                fetch=query.get("fetch") == ["1"],
+            )
+        if kind == "data":
+            time.sleep(int(query.get("ms", ["0"])[0]) / 1000)
+            return Answer(200, b'{"n": %d}' % n, {"Content-Type": "application/json"})
         if kind == "latin1":
             return self._page(n, version, encoding="latin-1")
         if kind == "slow":

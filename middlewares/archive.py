@@ -20,6 +20,10 @@ what the server sent (a browser hands over the DOM it rendered). It holds the
 server's answer as plain data (``url``, ``status``, ``headers``, ``body``,
 ``request_headers``), or None when none was captured; that answer is stored as the
 response and the response's body as what was rendered from it.
+
+A request for a key this run is still fetching or storing waits for its row
+(``crawler/storage/unsettled.py``), so that a URL is fetched once. (Over 400 lines:
+storing and skipping are one component's two sides of the same request.)
 """
 
 from __future__ import annotations
@@ -28,27 +32,32 @@ import logging
 import time
 
 from scrapy import Request, signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured
+from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
 from scrapy.http import Response, TextResponse
-from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet import task
 
 from crawler import signals as crawler_signals
 from crawler.reparse.responses import build_response
 from crawler.signals import attempt_fields
-from crawler.storage.errors import CatalogError, StoreError
+from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.keys import request_key
-from crawler.storage.records import ORIG_PREFIX, Fetch, Headers
+from crawler.storage.records import ORIG_PREFIX, Fetch, Headers, Hop
 from crawler.storage.session import SessionConfig, StorageSession
+from crawler.storage.unsettled import UnsettledKeys
 
 logger = logging.getLogger(__name__)
 # How often counts kept by the middleware reach the stats.
 COUNTS_SECONDS = 1.0
+# How often a request waiting for its key's row asks the catalog.
+SETTLE_POLL_SECONDS = 0.2
 
 CACHED_FLAG = "cached"
 SOURCE_META = "render_source"
 HIDDEN_REQUEST_HEADERS = frozenset({"proxy-authorization", "authorization"})
-_HIDDEN = frozenset(name.encode() for name in HIDDEN_REQUEST_HEADERS)
+HIDDEN_HEADERS = frozenset(name.encode() for name in HIDDEN_REQUEST_HEADERS)
+# Request meta key: the redirects followed so far (middlewares/redirect_hops.py).
+HOPS_META = "archive_hops"
 
 
 class CachedRequest(IgnoreRequest):
@@ -71,6 +80,15 @@ def header_list(headers, hidden: frozenset[bytes] = frozenset()) -> Headers:
     ]
 
 
+def hops_before(request: Request, response: Response) -> list[Hop]:
+    """The redirects followed to reach ``response`` (middlewares/redirect_hops.py),
+    not ``response`` itself, which may be a redirect the crawl did not follow."""
+    hops = request.meta.get(HOPS_META, [])
+    if hops and hops[-1].url == response.url and hops[-1].status == response.status:
+        return hops[:-1]
+    return list(hops)
+
+
 def response_fetch(key: str, request: Request, response: Response) -> Fetch:
     """What the archive stores of a response."""
     meta = request.meta
@@ -81,11 +99,12 @@ def response_fetch(key: str, request: Request, response: Response) -> Fetch:
         url=meta.get("catalog_url", request.url),
         final_url=response.url,
         method=request.method,
-        request_headers=header_list(request.headers, _HIDDEN),
+        request_headers=header_list(request.headers, HIDDEN_HEADERS),
         request_body=request.body,
         status=response.status,
         response_headers=header_list(response.headers),
         body=response.body,
+        redirects=hops_before(request, response),
     )
 
 
@@ -134,12 +153,20 @@ class ArchiveMiddleware:
         # cost more per response than counting here (README: Benchmarks).
         self._counts: dict[str, int] = {}
         self._pusher = task.LoopingCall(self._push_counts)
-        self.config = SessionConfig.from_settings(crawler.settings)
+        try:
+            self.config = SessionConfig.from_settings(crawler.settings)
+        except SettingError as exc:
+            # A usage error: `scrapy crawl` prints its one line and exits 2.
+            raise UsageError(str(exc)) from None
         self.session = StorageSession(self.config)
         # Started now, so that it loads while Scrapy starts up; it opens the store in
         # spider_opened, once the data directory is recovered.
         self.session.start_writer()
         self.revalidate = False
+        # Keys fetched or stored by this run but not yet committed: a request for one
+        # waits for its row (a commit comes at least every CATALOG_FLUSH_SECONDS).
+        self._unsettled = UnsettledKeys()
+        self._settle_seconds = 2 * self.config.store.flush_seconds + 10
         self._failed = False
         self._storing = False  # the writer has opened the store
 
@@ -176,6 +203,7 @@ class ArchiveMiddleware:
             self._pusher.stop()
         self._push_counts()
         self._storing = False
+        logger.info("%s", self._outcomes())
         try:
             summary = self.session.close()
         except StoreError as exc:
@@ -186,6 +214,16 @@ class ArchiveMiddleware:
             # What storing cost besides the crawl's own process (benchmarks read it).
             self.stats.set_value("archive/writer_cpu_seconds", round(summary["cpu_seconds"], 3))
             logger.info("%s", self.session.summary(summary).text())
+
+    def _outcomes(self) -> str:
+        get = self.stats.get_value
+        counts = ", ".join(
+            f"{get(f'actions/{outcome}', 0):,} {outcome}"
+            for outcome in ("ok", "cache_hit", "not_modified", "error")
+        )
+        total = get("progress/list_total")
+        done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
+        return f"Outcomes of this run: {counts}; listed URLs done: {done}."
 
     def _fail(self, message: str) -> None:
         if self._failed:
@@ -231,6 +269,7 @@ class ArchiveMiddleware:
         return {**attempt_fields(request), **fields}
 
     def _record(self, request: Request, outcome: str, **fields) -> None:
+        crawler_signals.mark_final(request, outcome)
         self.record_action(outcome=outcome, **self._fields(request, **fields))
 
     # -- keys and the start-request fast path ---------------------------------------
@@ -282,13 +321,36 @@ class ArchiveMiddleware:
         # too, even if another request fetched that URL, or its key never gets a row.
         request.dont_filter = True
         if meta.get("catalog_checked") and not meta.get("catalog_cached"):
+            self._unsettled.fetching(key)  # checked in a batch, or a redirect or retry
             return None
         if meta.get("catalog_revalidating"):
             return None  # a redirect or retry of a revalidation
         row = self.session.lookup(key)
+        if row is None and key in self._unsettled:
+            return self._when_settled(request, key)
+        return self._answer(request, key, row)
+
+    async def _when_settled(self, request: Request, key: str) -> Response | None:
+        """Wait for the row of a key this run is fetching or storing, then answer as
+        for a stored one; fetch when its fetch stored nothing, or after a while."""
+        from twisted.internet import reactor
+
+        self.stats.inc_value("catalog/waits_for_writer")
+        deadline = time.monotonic() + self._settle_seconds
+        row = None
+        while row is None and key in self._unsettled and time.monotonic() < deadline:
+            await maybe_deferred_to_future(task.deferLater(reactor, SETTLE_POLL_SECONDS))
+            if self.session.catalog is None:
+                break
+            row = self.session.lookup(key)
+        return self._answer(request, key, row)
+
+    def _answer(self, request: Request, key: str, row) -> Response | None:
+        meta = request.meta
         meta["catalog_checked"] = True
         meta["catalog_cached"] = row is not None
         if row is None:
+            self._unsettled.fetching(key)
             return None
         if meta.get("catalog_revalidate", self.revalidate):
             if not (row.etag or row.last_modified):
@@ -326,6 +388,7 @@ class ArchiveMiddleware:
         if status == 304 and meta.get("catalog_revalidating"):
             return self._not_modified(request, response)
         if status not in self.config.store_statuses:
+            self._unsettled.failed(self.key_for(request))
             self._record(request, "error", status=status, error=f"HTTP {status}")
             return response
         fetch = response_fetch(self.key_for(request), request, response)
@@ -339,6 +402,8 @@ class ArchiveMiddleware:
             self._record(request, "error", status=status, error=f"not stored: {exc}")
             self._fail(str(exc))
             return response
+        crawler_signals.mark_final(request, "ok")
+        self._unsettled.stored(fetch.key)
         self._inc("archive/stored")
         self._inc("archive/stored_bytes", size)
         self._count("ok", depth)
@@ -365,5 +430,6 @@ class ArchiveMiddleware:
             error = str(exception) or "ignored"
         else:
             error = f"{type(exception).__name__}: {exception}"
+        self._unsettled.failed(self.key_for(request))
         self._record(request, "error", error=error)
         return None

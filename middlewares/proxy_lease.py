@@ -35,6 +35,7 @@ from scrapy.exceptions import (
     DownloadTimeoutError,
     IgnoreRequest,
     NotConfigured,
+    UsageError,
 )
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import error as txerror
@@ -44,7 +45,7 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, HubUnavailableError, ProxyPool, RestPolicy
+from crawler.hub import Holder, Hub, HubUnavailableError, InvalidHubURLError, ProxyPool, RestPolicy
 from crawler.hub.leases import (
     Finished,
     LeaseConfig,
@@ -366,8 +367,12 @@ class ProxyLeaseMiddleware:
     def __init__(self, crawler: Crawler, hub: Hub | None = None) -> None:
         self.crawler = crawler
         self.stats = crawler.stats
-        self.config = ProxyLeaseConfig.from_settings(crawler.settings)
-        self.hub = hub or Hub.open(self.config.hub_url, self.config.connect_timeout)
+        try:
+            self.config = ProxyLeaseConfig.from_settings(crawler.settings)
+            self.hub = hub or Hub.open(self.config.hub_url, self.config.connect_timeout)
+        except (ProxyLeaseConfigError, InvalidHubURLError) as exc:
+            # A usage error: `scrapy crawl` prints its one line and exits 2.
+            raise UsageError(str(exc)) from None
         try:
             proxies = ProxyPool(self.hub)
             enabled = proxies.enabled_count()

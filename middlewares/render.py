@@ -275,7 +275,13 @@ class MainDocumentCapture:
         if wait.selector:
             await page.wait_for_selector(wait.selector, state="attached", timeout=timeout_ms)
         if wait.network_idle:
-            await page.wait_for_load_state("networkidle", timeout=timeout_ms)
+            from playwright.async_api import TimeoutError as PlaywrightTimeoutError
+
+            try:
+                await page.wait_for_load_state("networkidle", timeout=timeout_ms)
+            except PlaywrightTimeoutError:
+                # A page that polls or streams never goes quiet: what it shows now.
+                logger.info("%s: the network never went idle; its DOM as it is", page.url)
         if wait.timeout_ms:
             await page.wait_for_timeout(wait.timeout_ms)
 

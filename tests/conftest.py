@@ -65,7 +65,7 @@ def crawl_command(urls: str | Path, data_dir: Path, *args: str, spider: str = "s
     ]
 
 
-def run_crawl(urls, data_dir, *args, timeout=180, stdin=None, spider="site", **kwargs):
+def run_crawl(urls, data_dir, *args, timeout=180, stdin=None, spider="site", env=None, **kwargs):
     """Run a crawl in a subprocess from the project root; returns the CompletedProcess."""
     return subprocess.run(
         crawl_command(urls, data_dir, *args, spider=spider),
@@ -74,7 +74,7 @@ def run_crawl(urls, data_dir, *args, timeout=180, stdin=None, spider="site", **k
         text=True,
         timeout=timeout,
         input=stdin,
-        env=crawl_env(),
+        env=env or crawl_env(),
         **kwargs,
     )
 

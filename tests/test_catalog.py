@@ -200,3 +200,30 @@ def test_an_older_catalog_gets_its_totals_when_migrated(tmp_path):
         with catalog.writer() as batch:
             batch.upsert(row("k9", status=410, bytes=1))
         assert catalog.summary() == scanned(catalog)
+
+
+def test_a_version_3_catalog_becomes_a_rowid_table_with_its_rows_and_totals(tmp_path):
+    from crawler.storage.catalog import MIGRATIONS, statements
+
+    path = tmp_path / "metadata.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    for version in (1, 2, 3):
+        for stmt in statements(MIGRATIONS[version]):
+            conn.execute(stmt)
+    conn.execute("PRAGMA user_version = 3")
+    rows = [row(f"k{i}", status=status, bytes=i) for i, status in enumerate([200, 404, 200])]
+    marks = ", ".join("?" * 15)
+    for r in rows:
+        conn.execute(f"INSERT INTO artifacts VALUES ({marks})", tuple(vars(r).values()))
+    conn.close()
+    with Catalog(path) as catalog:
+        assert catalog.version == SCHEMA_VERSION
+        sql = catalog.conn.execute("SELECT sql FROM sqlite_master WHERE name = 'artifacts'")
+        assert "WITHOUT ROWID" not in sql.fetchone()[0]
+        assert [catalog.get(r.key) for r in rows] == rows
+        assert catalog.conn.execute("SELECT count(rowid) FROM artifacts").fetchone() == (3,)
+        with catalog.writer() as batch:
+            batch.upsert(row("k1", status=410, bytes=7))  # the key stays unique
+        assert catalog.count() == 3
+        assert catalog.summary() == scanned(catalog)
+        assert catalog.summary()["by_status"] == {200: 2, 410: 1}

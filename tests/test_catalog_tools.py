@@ -7,7 +7,9 @@ import shutil
 import sqlite3
 import subprocess
 import zipfile
+from datetime import datetime
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -165,6 +167,10 @@ def test_export_parquet_and_csv(crawled, tmp_path):
     table = pq.read_table(tmp_path / "c.parquet")
     assert n == table.num_rows == 7
     assert table.column("status").type == "int32"
+    assert table.column("fetched_at").type == pa.timestamp("us", tz="UTC")
+    exported = {r["key"]: r["fetched_at"] for r in table.to_pylist()}
+    for key, row in catalog_rows(crawled).items():
+        assert exported[key] == datetime.fromisoformat(row.fetched_at)
     result = run_scrapy(
         "catalog",
         "export",

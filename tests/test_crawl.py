@@ -338,3 +338,12 @@ def test_url_list_count_equals_its_entries(tmp_path, text, entries):
     urls = UrlList(str(path))
     assert urls.count() == entries
     assert sum(1 for _ in urls) == entries  # iterating reads (and closes) the file
+
+
+def test_url_list_skips_a_byte_order_mark(tmp_path):
+    from crawler.spiderkit.urls import UrlList
+
+    path = tmp_path / "urls.txt"
+    path.write_bytes(b"\xef\xbb\xbfhttp://a.example/1\r\nhttp://b.example/2\r\n")
+    entries = list(UrlList(str(path)))
+    assert entries == [(1, "http://a.example/1", None), (2, "http://b.example/2", None)]

@@ -329,6 +329,25 @@ def test_rendered_and_plain_pages_in_one_crawl(site, tmp_path, data_dir):
     assert not site.counts
 
 
+def test_the_default_wait_catches_content_filled_after_load(site, tmp_path, data_dir):
+    """A timer 150 ms after load, and a fetch() after load answered 300 ms later: what a
+    person would see."""
+    need_chromium()
+    timer = [f"{site.base_url}/js/{n}?delay=150&after=load" for n in range(400, 404)]
+    fetched = [f"{site.base_url}/js/{n}?fetch=1&delay=300" for n in range(410, 414)]
+    urls = write_urls(tmp_path / "urls.txt", timer + fetched)
+    result = _run(urls, data_dir, "-s", "RENDER_URL_PATTERNS=/js/")
+    assert result.returncode == 0, result.stderr[-4000:]
+    rows = rows_by_url(data_dir)
+    for url in timer + fetched:
+        n = url.rsplit("/", 1)[1].split("?")[0]
+        stored = DataDir(data_dir).read(rows[url])
+        assert rows[url].rendered == 1
+        # (The script's text holds the markup too: the title is set by the script alone.)
+        assert f"<title>JS page {n}</title>".encode() in stored.body, url
+    assert all(site.counts[f"/data/{n}"] == 1 for n in range(410, 414))
+
+
 def test_crawl_without_rendering_starts_no_browser(site, tmp_path, data_dir):
     urls = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/{n}.html" for n in range(3)])
     result = run_crawl(urls, data_dir)

@@ -62,6 +62,18 @@ def test_shell_fetches_and_stores_what_is_not_stored(own_site, data_dir):
     assert own_site.counts["/page/8.html"] == 2
 
 
+def test_offline_shell_says_an_unstored_url_is_not_in_the_catalog(own_site, tmp_path, data_dir):
+    stored = f"{own_site.base_url}/page/3.html"
+    assert run_crawl(write_urls(tmp_path / "urls.txt", [stored]), data_dir).returncode == 0
+    url = f"{own_site.base_url}/page/4.html"
+    result, found = probe(url, data_dir, "-s", "ARCHIVE_SHELL=offline")
+    assert found is None and result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert f"{url} is not in the catalog" in line and "scrapy shell URL" in line
+    assert "Traceback" not in result.stderr
+    assert own_site.counts["/page/4.html"] == 0
+
+
 def test_bad_archive_shell_mode_is_a_usage_error(data_dir):
     result = run_scrapy("shell", "http://127.0.0.1:9/", "-s", "ARCHIVE_SHELL=sometimes", "-c", "1")
     assert result.returncode == 2

@@ -131,6 +131,14 @@ class Hub:
             raise InvalidHubURLError(
                 "HUB_URL is empty: set it to sqlite:///hub.db or postgresql://..."
             )
+        try:
+            urlsplit(url).port  # noqa: B018 - raises ValueError on a malformed URL
+        except ValueError as exc:
+            # The URL itself is not repeated: it may hold a password.
+            raise InvalidHubURLError(
+                f"HUB_URL is not a valid URL ({exc}): use sqlite:///path/hub.db "
+                "or postgresql://user@host:port/database"
+            ) from None
         if url.startswith("sqlite:///"):
             return cls._open_sqlite(url, connect_timeout)
         if url.startswith(("postgresql://", "postgres://")):

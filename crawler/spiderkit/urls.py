@@ -48,6 +48,9 @@ class UrlList:
     def __iter__(self) -> Iterator[tuple[int, str, str | None]]:
         with self._file as f:
             for number, raw in enumerate(f, 1):
+                if number == 1 and raw.startswith(_BOM):
+                    # Spreadsheets export UTF-8 lists with a byte-order mark.
+                    raw = raw[len(_BOM) :]
                 try:
                     line = raw.decode("utf-8").strip()
                 except UnicodeDecodeError:
@@ -95,4 +98,5 @@ def in_shard(key: str, shard: tuple[int, int] | None) -> bool:
     return shard is None or int(key, 16) % shard[1] == shard[0]
 
 
+_BOM = b"\xef\xbb\xbf"
 _ENTRY_START = re.compile(rb"(?m)^[^#\r\n]")

@@ -6,6 +6,10 @@ class StoreError(Exception):
     """The store cannot go on (disk full, permissions, another writer...)."""
 
 
+class SettingError(ValueError):
+    """A setting has a value the storage cannot use; the message names the setting."""
+
+
 class CatalogError(Exception):
     """The catalog cannot be used as it is."""
 

@@ -41,6 +41,23 @@ class Fetch:
     # What a browser rendered from ``body`` (the DOM the spider parsed), if it did.
     rendered_body: bytes | None = None
     rendered_type: str = "text/html; charset=utf-8"
+    # The redirects followed from ``url`` to ``final_url``, in order.
+    redirects: list[Hop] = field(default_factory=list)
+
+
+@dataclass
+class Hop:
+    """A redirect the crawl followed on its way to a fetch's answer: the redirect
+    response (archived as its own record) and the request it answered."""
+
+    url: str
+    status: int
+    headers: Headers
+    body: bytes
+    request_headers: Headers
+    fetched_at: float
+    method: str = "GET"
+    request_body: bytes = b""
 
 
 @dataclass

@@ -19,7 +19,7 @@ from crawler.storage import formats
 from crawler.storage.actionlog import ActionLog
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
-from crawler.storage.errors import ArchiveError, StoreError
+from crawler.storage.errors import ArchiveError, SettingError, StoreError
 from crawler.storage.formats.base import MAX_LEVEL
 from crawler.storage.records import Row, StoredRecord
 from crawler.storage.seen import CatalogWithSeen, with_seen
@@ -44,19 +44,19 @@ class SessionConfig:
 
     @classmethod
     def from_settings(cls, settings) -> SessionConfig:
-        """From Scrapy settings; a bad value raises ValueError naming the setting."""
+        """From Scrapy settings; a bad value raises SettingError naming the setting."""
         datadir = DataDir.from_settings(settings)
-        batch_size = settings.getint("CATALOG_BATCH_SIZE")
+        batch_size = _number(settings, "CATALOG_BATCH_SIZE", int)
         if batch_size < 1:
-            raise ValueError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
+            raise SettingError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
         compressor = settings.get("ARCHIVE_COMPRESSOR") or "isal"
         if compressor not in MAX_LEVEL:
-            raise ValueError(
+            raise SettingError(
                 f"ARCHIVE_COMPRESSOR must be one of {sorted(MAX_LEVEL)}, not {compressor!r}"
             )
-        level = settings.getint("ARCHIVE_GZIP_LEVEL")
+        level = _number(settings, "ARCHIVE_GZIP_LEVEL", int)
         if not 0 <= level <= MAX_LEVEL[compressor]:
-            raise ValueError(
+            raise SettingError(
                 f"ARCHIVE_GZIP_LEVEL must be 0-{MAX_LEVEL[compressor]} with "
                 f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
             )
@@ -64,18 +64,27 @@ class SessionConfig:
             store=StoreConfig(
                 data_dir=datadir.root,
                 prefix=settings.get("ARCHIVE_PREFIX") or "crawl",
-                rollover_bytes=settings.getint("ARCHIVE_ROLLOVER_BYTES"),
+                rollover_bytes=_number(settings, "ARCHIVE_ROLLOVER_BYTES", int),
                 gzip_level=level,
                 compressor=compressor,
                 batch_size=batch_size,
-                flush_seconds=settings.getfloat("CATALOG_FLUSH_SECONDS"),
-                rollover_seconds=settings.getfloat("ARCHIVE_ROLLOVER_SECONDS"),
+                flush_seconds=_number(settings, "CATALOG_FLUSH_SECONDS", float),
+                rollover_seconds=_number(settings, "ARCHIVE_ROLLOVER_SECONDS", float),
                 format=formats.get(settings.get("ARCHIVE_FORMAT")).name,
             ),
             store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
-            queue_bytes=settings.getint("ARCHIVE_QUEUE_BYTES"),
+            queue_bytes=_number(settings, "ARCHIVE_QUEUE_BYTES", int),
             seen=settings.getlist("CATALOG_SEEN"),
         )
+
+
+def _number(settings, name: str, kind: type[int] | type[float]) -> int | float:
+    """``settings.getint``/``getfloat`` with an error that names the setting."""
+    value = settings.get(name)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise SettingError(f"{name} must be a number, not {value!r}") from None
 
 
 @dataclass

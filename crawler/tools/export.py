@@ -15,7 +15,13 @@ from crawler.tools.scan import ToolError, open_catalog
 EXPORT_FORMATS = ("parquet", "csv")
 
 
-def _arrow_schema():
+# Timestamps as timestamps, so that pandas, DuckDB and polars compare and bucket them
+# without parsing; the catalog keeps the ISO 8601 text its WARC-Date equals.
+# last_modified stays the server's text: a validator sent back as it came.
+TIMESTAMPS = ("fetched_at",)
+
+
+def _arrow_schema(timestamps: bool = True):
     import pyarrow as pa
 
     types = {
@@ -25,6 +31,8 @@ def _arrow_schema():
         "length": pa.int64(),
         "rendered": pa.int8(),
     }
+    if timestamps:
+        types.update(dict.fromkeys(TIMESTAMPS, pa.timestamp("us", tz="UTC")))
     return pa.schema([(c, types.get(c, pa.string())) for c in COLUMNS])
 
 
@@ -50,10 +58,12 @@ def export_catalog(data_dir: Path, fmt: str, output: Path, batch: int = 50_000) 
             import pyarrow.parquet as pq
 
             schema = _arrow_schema()
+            text = _arrow_schema(timestamps=False)
             with pq.ParquetWriter(tmp, schema) as writer:
                 for chunk in _chunks(rows, batch):
-                    table = pa.Table.from_pylist([row.__dict__ for row in chunk], schema=schema)
-                    writer.write_table(table)
+                    table = pa.Table.from_pylist([row.__dict__ for row in chunk], schema=text)
+                    # Arrow parses ISO 8601 (the trailing Z included) in C.
+                    writer.write_table(table.cast(schema))
                     n += len(chunk)
                 if n == 0:
                     writer.write_table(schema.empty_table())

@@ -106,12 +106,19 @@ class WaczBuilder:
         out.write(json.dumps({"format": "json-pages-1.0", "id": "pages", "title": "All Pages"}))
         out.write("\n")
         n = 0
+        # A page reached by several listed URLs (a redirect and the page itself) is
+        # one page: listed once, at its first fetch.
+        listed: set[bytes] = set()
         with open_catalog(self.data_dir) as catalog:
             for row in catalog.rows(
                 "status = 200 AND content_type LIKE 'text/html%' ORDER BY fetched_at"
             ):
                 if os.path.basename(row.archive) not in warc_names:
                     continue
+                seen = hashlib.blake2b(row.final_url.encode(), digest_size=16).digest()
+                if seen in listed:
+                    continue
+                listed.add(seen)
                 ts = row.fetched_at[:19] + "Z"
                 out.write(json.dumps({"id": row.key[:32], "url": row.final_url, "ts": ts}))
                 out.write("\n")

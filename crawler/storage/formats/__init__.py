@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from crawler.storage.errors import SettingError
 from crawler.storage.formats.base import OPEN_SUFFIX, ArchiveFormat
 from crawler.storage.formats.warc import FORMAT as WARC
 from crawler.storage.formats.zip import FORMAT as ZIP
@@ -30,7 +31,7 @@ def get(name: str | None) -> ArchiveFormat:
     """The format ``ARCHIVE_FORMAT`` names (any case; empty: the default)."""
     fmt = FORMATS.get((name or DEFAULT).lower())
     if fmt is None:
-        raise ValueError(f"ARCHIVE_FORMAT must be {names()}, not {name!r}")
+        raise SettingError(f"ARCHIVE_FORMAT must be {names()}, not {name!r}")
     return fmt
 
 

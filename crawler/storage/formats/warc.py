@@ -45,6 +45,7 @@ from crawler.storage.records import (
     REQUESTED_URI_HEADER,
     Fetch,
     Headers,
+    Hop,
     Indexed,
     Row,
     StoredRecord,
@@ -116,6 +117,8 @@ class WarcWriter(ArchiveWriter):
         """Write the response and request records of a fetch; returns its catalog row."""
         if self._file is None:
             self._open()
+        for hop in fetch.redirects:
+            self._write_hop(hop)
         date = warc_date(fetch.fetched_at)
         body = fetch.body
         http_headers = StatusAndHeaders(
@@ -147,6 +150,33 @@ class WarcWriter(ArchiveWriter):
             return self._write_conversion(fetch, date, record_id)
         return fetch_row(fetch, self.relpath, offset, length, digest)
 
+    def _write_hop(self, hop: Hop) -> None:
+        """A followed redirect as its own response and request records. They carry no
+        X-Crawl-Key: the key's row points at the final answer, and indexing the
+        archive (rebuild, repair) skips them as it skips any record without one."""
+        date = warc_date(hop.fetched_at)
+        http_headers = StatusAndHeaders(
+            f"{hop.status} {_reason(hop.status)}",
+            payload_headers(hop.headers, len(hop.body)),
+            protocol="HTTP/1.1",
+        )
+        record_id = make_warc_id()
+        self._append(
+            warc_record(
+                "response",
+                record_id,
+                [("WARC-Date", date), ("WARC-Target-URI", hop.url)],
+                http_headers,
+                hop.body,
+                digest=payload_digest(hop.body),
+            )
+        )
+        self._append(
+            self._request_record_of(
+                hop.url, hop.method, hop.request_headers, hop.request_body, date, record_id
+            )
+        )
+
     def _write_conversion(self, fetch: Fetch, date: str, refers_to: str) -> Row:
         """The rendered DOM as a ``conversion`` record of the response; its row."""
         body = fetch.rendered_body
@@ -176,25 +206,43 @@ class WarcWriter(ArchiveWriter):
         return fetch_row(fetch, self.relpath, offset, length, digest, rendered=True)
 
     def _request_record(self, fetch: Fetch, date: str, concurrent_to: str) -> list:
-        parts = urlsplit(fetch.final_url)
+        return self._request_record_of(
+            fetch.final_url,
+            fetch.method,
+            fetch.request_headers,
+            fetch.request_body,
+            date,
+            concurrent_to,
+        )
+
+    def _request_record_of(
+        self,
+        url: str,
+        method: str,
+        request_headers: Headers,
+        body: bytes,
+        date: str,
+        concurrent_to: str,
+    ) -> list:
+        parts = urlsplit(url)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        headers = list(fetch.request_headers)
+        headers = list(request_headers)
         if header(headers, "Host") is None:
             headers.insert(0, ("Host", parts.netloc))
         http_headers = StatusAndHeaders(
-            f"{fetch.method} {target} HTTP/1.1", headers, is_http_request=True
+            f"{method} {target} HTTP/1.1", headers, is_http_request=True
         )
         return warc_record(
             "request",
             make_warc_id(),
             [
                 ("WARC-Date", date),
-                ("WARC-Target-URI", fetch.final_url),
+                ("WARC-Target-URI", url),
                 ("WARC-Concurrent-To", concurrent_to),
             ],
             http_headers,
-            fetch.request_body,
-            digest=payload_digest(fetch.request_body),
+            body,
+            digest=payload_digest(body),
         )
 
     def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
@@ -249,7 +297,7 @@ def warc_record(
     payload in 16 KiB chunks to compute them, and build every record through several
     header rewrites, which together cost as much as compressing the record.
     """
-    http_block = http_headers.to_ascii_bytes() if http_headers is not None else b""
+    http_block = wire_bytes(http_headers) if http_headers is not None else b""
     block = hashlib.sha1(http_block)
     block.update(payload)
     warc_headers = [("WARC-Type", rec_type), ("WARC-Record-ID", record_id), *headers]
@@ -262,6 +310,30 @@ def warc_record(
     ]
     head = StatusAndHeaders("", warc_headers, protocol="WARC/1.1").to_bytes()
     return [head, http_block, payload, b"\r\n\r\n"]
+
+
+def wire_bytes(http_headers: StatusAndHeaders) -> bytes:
+    """The HTTP header block as the bytes that came over the wire.
+
+    Header names and values are held as the wire's bytes read as latin-1, so encoding
+    them as latin-1 gives those bytes back, as warcio writes the headers it captures
+    itself. (Its ``to_ascii_bytes`` would percent-encode every non-ASCII value.) A line
+    holding a character latin-1 cannot encode never came over the wire as bytes (a
+    header a browser reported): it is written as UTF-8.
+    """
+    text = http_headers.to_str()
+    try:
+        return text.encode("latin-1") + b"\r\n"
+    except UnicodeEncodeError:
+        lines = text.splitlines(keepends=True)
+        return b"".join(_line_bytes(line) for line in lines) + b"\r\n"
+
+
+def _line_bytes(line: str) -> bytes:
+    try:
+        return line.encode("latin-1")
+    except UnicodeEncodeError:
+        return line.encode("utf-8")
 
 
 def _b32(digest: bytes) -> str:
@@ -313,7 +385,9 @@ def stored_record(record: WarcRecord, where: str) -> StoredRecord:
     return StoredRecord(
         url=headers.get("WARC-Target-URI"),
         status=http.status_code,
-        headers=list(http.astuples()),
+        # As the crawl holds them: the wire's bytes read as latin-1 (FastWARC's own
+        # decoding is cp1252, which would not give the bytes back).
+        headers=[(n.decode("latin-1"), v.decode("latin-1")) for n, v in http.items_bytes()],
         body=record.reader.read(),
         warc_headers=warc_headers,
     )

@@ -1,0 +1,60 @@
+"""The crawl's downloader: every request it is handed ends with an outcome line.
+
+Downloader middlewares that give up on a response raise from ``process_response``
+(a redirect loop or a chain past ``REDIRECT_MAX_TIMES``, a body that does not
+decompress, one past ``DOWNLOAD_MAXSIZE`` once decompressed), and such an exception
+skips the ``process_response`` of every middleware outside them, the archive's
+included: the URL would leave no line in the action log. Every download passes
+through :meth:`Downloader.fetch`, so it is the one place that sees every way a
+request can end.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from scrapy import Request
+from scrapy.core.downloader import Downloader
+from scrapy.exceptions import IgnoreRequest
+from twisted.internet.defer import inlineCallbacks
+
+from crawler.signals import has_outcome, send_action, short_url
+
+logger = logging.getLogger(__name__)
+
+
+class GaveUp(IgnoreRequest):
+    """A component gave up on the request; the original exception is its cause."""
+
+
+def reason(exc: BaseException) -> str:
+    """What the action log says of ``exc``: its text, prefixed with its type unless
+    it is an IgnoreRequest (whose text is the reason)."""
+    if isinstance(exc, IgnoreRequest):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class AccountingDownloader(Downloader):
+    """Scrapy's downloader, which records an ``error`` line for a request that fails
+    without one, logs it as one line and hands the spider an :class:`GaveUp` (Scrapy
+    would log a traceback at ERROR for anything but an IgnoreRequest)."""
+
+    @inlineCallbacks
+    def fetch(self, request: Request, spider=None):
+        try:
+            result = yield super().fetch(request)
+        except Exception as exc:
+            if has_outcome(request) or _is_robots(request):
+                raise
+            why = reason(exc)
+            send_action(self.crawler, request, "error", error=why)
+            self.crawler.stats.inc_value(f"downloader/gave_up/{type(exc).__name__}")
+            logger.warning("Gave up on %s: %s", short_url(request.url), why)
+            raise GaveUp(why) from exc
+        return result
+
+
+def _is_robots(request: Request) -> bool:
+    # robots.txt requests are the robots middleware's own, not the list's.
+    return bool(request.meta.get("dont_obey_robotstxt")) and request.url.endswith("/robots.txt")

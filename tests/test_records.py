@@ -1,0 +1,100 @@
+"""Records hold what the server sent: header bytes, redirects."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+import zlib
+from collections import Counter
+
+from warcio.archiveiterator import ArchiveIterator
+
+from crawler.reparse.responses import build_response
+from crawler.storage.datadir import DataDir
+from crawler.tools.wacz import WaczBuilder
+from tests.checks import catalog_rows, response_records
+from tests.conftest import ROOT, run_crawl, write_urls
+from tests.rawserver import RawServer, response
+
+BIN = ROOT / ".venv" / "bin"
+SENT = [
+    (b"Content-Type", b"text/html; charset=utf-8"),
+    (b"X-Latin", b"caf\xe9 na\xefve \xff\xfe"),
+    (b"X-Utf8", b"caf\xc3\xa9 \xe2\x82\xac"),
+    (b"Last-Modified", b"Tue, 14 Nov 2023 22:13:20 GMT"),
+    (b"Content-Disposition", b'inline; filename="r\xe9sum\xe9.html"'),
+]
+
+
+def as_warcio_reads(value: bytes) -> str:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value.decode("latin-1")
+
+
+def test_header_bytes_are_stored_as_they_came(tmp_path, data_dir):
+    server = RawServer({"/h": response(headers=SENT, body=b"<p>body</p>")})
+    urls = write_urls(tmp_path / "u.txt", [server.url("/h")])
+    assert run_crawl(urls, data_dir, "-s", "ROBOTSTXT_OBEY=0").returncode == 0
+    [row] = catalog_rows(data_dir).values()
+    datadir = DataDir(data_dir)
+    path = datadir.resolve(row.archive)
+    with open(path, "rb") as f:
+        f.seek(row.offset)
+        raw = zlib.decompress(f.read(row.length), 31)
+    for name, value in SENT:
+        assert b"\r\n" + name + b": " + value + b"\r\n" in raw
+    # warcio reads them back (UTF-8 where they are, else latin-1), and its checker
+    # finds the digests right.
+    with open(path, "rb") as f:
+        [record] = [r for r in ArchiveIterator(f) if r.rec_type == "response"]
+        got = dict(record.http_headers.headers)
+    assert all(got[name.decode()] == as_warcio_reads(value) for name, value in SENT)
+    check = subprocess.run(
+        [sys.executable, "-m", "warcio.cli", "check", str(path)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    # A replayed response has the bytes the crawl saw.
+    replayed = build_response(datadir.read(row), request=None)
+    assert {name: replayed.headers.getlist(name) for name, _ in SENT} == {
+        name: [value] for name, value in SENT
+    }
+
+
+def test_each_followed_redirect_is_its_own_response_record(site, tmp_path, data_dir):
+    base = site.base_url
+    listed = [f"{base}/redirect/7", f"{base}/page/7.html", f"{base}/redirect/8"]
+    assert run_crawl(write_urls(tmp_path / "u.txt", listed), data_dir).returncode == 0
+    rows = {row.url: row for row in catalog_rows(data_dir).values()}
+    # The row stays keyed on the listed URL and points at the final answer.
+    assert rows[f"{base}/redirect/7"].final_url == f"{base}/page/7.html"
+    assert rows[f"{base}/redirect/7"].status == 200
+    assert response_records(data_dir) == Counter({row.key: 1 for row in rows.values()})
+    archives = sorted(str(p) for p in DataDir(data_dir).archives())
+    check = subprocess.run(
+        [sys.executable, "-m", "warcio.cli", "check", *archives], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    # A replay index resolves the listed URL to the redirect, and the redirect's
+    # target to the page.
+    index = subprocess.run(
+        [str(BIN / "cdxj-indexer"), *archives], capture_output=True, text=True, check=True
+    ).stdout
+    entries = [json.loads(line.split(" ", 2)[2]) for line in index.splitlines()]
+    responses = [e for e in entries if e.get("mime") != "warc/request"]
+    by_url: dict[str, list[str]] = {}
+    for entry in responses:
+        by_url.setdefault(entry["url"], []).append(entry["status"])
+    assert by_url[f"{base}/redirect/7"] == ["301"]
+    assert by_url[f"{base}/redirect/8"] == ["301"]
+    assert sorted(by_url[f"{base}/page/8.html"]) == ["200"]
+    # The WACZ page list names each page once.
+    out = tmp_path / "c.wacz"
+    WaczBuilder(data_dir, out).run()
+    with zipfile.ZipFile(out) as zf:
+        pages = [json.loads(line) for line in zf.read("pages/pages.jsonl").splitlines()[1:]]
+    urls = [page["url"] for page in pages]
+    assert sorted(urls) == sorted({f"{base}/page/7.html", f"{base}/page/8.html"})
