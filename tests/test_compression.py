@@ -88,11 +88,6 @@ def test_a_bad_compressor_or_level_is_refused_before_anything_is_stored(
     assert site.counts["/page/174.html"] == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a bad storage setting raises ValueError in the archive middleware's "
-    "constructor: the crawl prints a traceback and exits 1, not one line and 2",
-)
 def test_a_bad_compressor_is_a_one_line_usage_error(site, tmp_path, data_dir):
     urls = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/174.html"])
     result = run_crawl(urls, data_dir, "-s", "ARCHIVE_COMPRESSOR=lzma")
