@@ -33,7 +33,7 @@ def test_write_then_read_round_trip(tmp_path):
     writer = WarcWriter(tmp_path / "archive", tmp_path, prefix="t")
     row = writer.write_fetch(fetch())
     writer.flush()
-    assert (tmp_path / (row.archive + ".open")).exists()  # still being written
+    assert (tmp_path / (row.archive + ".writing")).exists()  # still being written
     stored = WARC.read(DataDir(tmp_path).resolve(row.archive), row.offset, row.length)
     assert stored.body == BODY
     assert stored.status == 200
@@ -86,7 +86,7 @@ def test_rollover_renames_closed_files(tmp_path):
     writer.close()
     assert first.archive != second.archive
     assert len(writer.closed_files) == 2
-    assert not list((tmp_path / "archive").glob("*.open"))
+    assert not list((tmp_path / "archive").glob("*.writing"))
 
 
 def test_a_truncated_tail_is_cut_kept_aside_and_the_rest_indexed(tmp_path):
@@ -94,7 +94,7 @@ def test_a_truncated_tail_is_cut_kept_aside_and_the_rest_indexed(tmp_path):
     store = Store(config)
     rows = [store.put(fetch(f"k{i}", body=BODY * (i + 1))) for i in range(5)]
     store.archive.flush()  # on disk, but no row committed
-    open_path = store.archive.open_path
+    open_path = store.archive.path
     good = open_path.stat().st_size
     with open(open_path, "ab") as f:
         f.write(gzip.compress(b"WARC/1.1\r\nWARC-Type: response\r\n")[:25])  # a torn record

@@ -51,6 +51,6 @@ def test_kill_minus_9_at_random_moments_then_resume(site, tmp_path, data_dir, ar
     records = response_records(data_dir)
     assert {key: n for key, n in records.items() if n != 1} == {}
     assert set(records) == set(rows)
-    assert not list((data_dir / "archive").glob("*.open"))
+    assert not list((data_dir / "archive").glob("*.writing"))
     oks = [e for e in actions(data_dir) if e["outcome"] == "ok"]
     assert len(oks) >= PAGES

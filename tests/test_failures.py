@@ -74,7 +74,7 @@ def test_sigusr1_stops_gracefully_and_a_rerun_resumes(site, tmp_path, data_dir):
     assert "(shutdown)" in log
     kept = assert_rows_readable(data_dir, site)
     assert 0 < len(kept) < len(urls)
-    assert not list((data_dir / "archive").glob("*.open"))  # closed properly
+    assert not list((data_dir / "archive").glob("*.writing"))  # closed properly
     resumed = run_crawl(url_file, data_dir)
     assert resumed.returncode == 0, resumed.stderr
     assert set(rows_by_url(data_dir)) == set(urls)

@@ -158,10 +158,10 @@ def test_time_rollover_closes_files_after_their_rows_commit(tmp_path):
     store = Store(StoreConfig(data_dir=tmp_path, rollover_seconds=0.2, flush_seconds=60))
     store.put(fetch(1))
     store.tick()
-    assert list((tmp_path / "archive").glob("*.open"))  # not yet
+    assert list((tmp_path / "archive").glob("*.writing"))  # not yet
     time.sleep(0.3)
     store.tick()
-    assert not list((tmp_path / "archive").glob("*.open"))
+    assert not list((tmp_path / "archive").glob("*.writing"))
     closed = list((tmp_path / "archive").glob("*.warc.gz"))
     assert len(closed) == 1
     with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:

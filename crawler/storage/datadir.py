@@ -4,7 +4,8 @@
 
     metadata.db          catalog
     .lock                held by the one crawl writing here
-    archive/             archive files, of every format (a file being written ends in .open)
+    archive/             archive files, of every format; a file being written has an empty
+                         <name>.writing beside it (its name never changes)
     fetch_log.jsonl      action log
     derived/             outputs made from the stored records
     catalogs/            catalogs shipped here by Slurm tasks (each with its action log)
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from crawler.storage import formats
 from crawler.storage.errors import StoreError
-from crawler.storage.formats.base import OPEN_SUFFIX, ArchiveFormat
+from crawler.storage.formats.base import ArchiveFormat, writing_marker
 from crawler.storage.records import Row, StoredRecord
 
 DEFAULT = "data"
@@ -101,12 +102,29 @@ class DataDir:
     def archives(self, fmt: ArchiveFormat | None = None) -> list[Path]:
         """The closed archive files (of ``fmt``, or of every format), oldest name first."""
         chosen = [fmt] if fmt is not None else formats.FORMATS.values()
-        return sorted(p for f in chosen for p in self.archive_dir.glob(f.glob))
+        return sorted(
+            p
+            for f in chosen
+            for p in self.archive_dir.glob(f.glob)
+            if not writing_marker(p).exists()
+        )
 
     def open_archives(self) -> list[Path]:
-        """Archive files left ``.open`` (being written, or by a killed run)."""
+        """Archive files being written, or left unfinished by a killed run: those with
+        a ``.writing`` marker, and those with a legacy ``.open`` name."""
+        found = []
+        for f in formats.FORMATS.values():
+            found += [m.with_suffix("") for m in self.archive_dir.glob(f.writing_glob)]
+            found += self.archive_dir.glob(f.open_glob)
+        return sorted(p for p in found if p.exists())
+
+    def stale_markers(self) -> list[Path]:
+        """``.writing`` markers of files that were never created (killed in between)."""
         return sorted(
-            p for f in formats.FORMATS.values() for p in self.archive_dir.glob(f.open_glob)
+            m
+            for f in formats.FORMATS.values()
+            for m in self.archive_dir.glob(f.writing_glob)
+            if not m.with_suffix("").exists()
         )
 
     def archive_bytes(self) -> tuple[int, int]:
@@ -120,13 +138,9 @@ class DataDir:
         return os.path.relpath(path, self.root)
 
     def resolve(self, relpath: str) -> Path:
-        """The file a catalog row names: closed, or still open for writing. A row of
+        """The file a catalog row names (being written or closed: one name). A row of
         another data directory's catalog (``CATALOG_SEEN``) names it absolutely."""
-        path = self.root / relpath
-        if path.exists():
-            return path
-        open_path = path.with_name(path.name + OPEN_SUFFIX)
-        return open_path if open_path.exists() else path
+        return self.root / relpath
 
     def read(self, row: Row) -> StoredRecord:
         """The stored answer a catalog row points at; raises ArchiveError, OSError, or

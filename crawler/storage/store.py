@@ -6,8 +6,8 @@ run on the crawl's reactor thread and use another core.
 
 The ordering: a catalog row is committed only after the record it points at is
 flushed and fsynced (the batch writer's ``before_commit`` hook), and an archive file
-is renamed to its closed name only after the rows pointing into it are committed.
-:func:`recover` repairs what a killed run left open.
+loses its ``.writing`` marker only after the rows pointing into it are committed.
+:func:`recover` repairs what a killed run left unfinished.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def recover(datadir: DataDir) -> Recovery:
     Call it with the data directory locked and no writer running.
     """
     result = Recovery()
+    for marker in datadir.stale_markers():
+        marker.unlink()
     open_files = datadir.open_archives()
     if not open_files:
         return result
@@ -154,7 +156,8 @@ class Store:
 
     def abandon(self) -> None:
         """Drop everything as a kill leaves it, for crash tests: the records written so
-        far reach the file, which stays ``.open``; pending rows are never committed."""
+        far reach the file, which keeps its ``.writing`` marker; pending rows are never
+        committed."""
         self.archive.abandon()
         self.catalog.close()
         if self._log is not None:
