@@ -5,6 +5,7 @@ import gzip
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
+from crawler.storage.actionlog import read as read_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
@@ -161,3 +162,29 @@ def test_repair_of_a_file_with_nothing_complete(tmp_path):
     assert repair.records == 0 and repair.cut_bytes == 3
     assert (tmp_path / "archive" / "x.warc.gz").stat().st_size == 0
     assert repair.cut_file.read_bytes() == b"\x1f\x8b\x08"
+
+
+def test_an_ok_line_is_written_only_once_its_row_is_committed(tmp_path):
+    store = Store(StoreConfig(data_dir=tmp_path, batch_size=3, flush_seconds=3600))
+    datadir = DataDir(tmp_path)
+
+    def put(n: int) -> None:
+        store.put(
+            fetch(f"k{n}"), {"url": f"http://example.org/{n}", "key": f"k{n}", "outcome": "ok"}
+        )
+
+    def logged() -> list[str]:
+        path = datadir.action_log_path
+        return [e["key"] for e in read_log(path)] if path.exists() else []
+
+    put(0)
+    put(1)
+    assert logged() == []  # written to the archive, not yet committed
+    put(2)  # the batch commits
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
+        assert catalog.count() == 3
+    assert logged() == ["k0", "k1", "k2"]
+    put(3)
+    store.abandon()  # killed before the commit: the row is recovered, never logged as ok
+    assert recover(datadir).indexed_rows == 1
+    assert logged() == ["k0", "k1", "k2"]

@@ -108,20 +108,21 @@ class Store:
             batch_size=config.batch_size,
             flush_seconds=config.flush_seconds,
             before_commit=self.archive.flush,
+            after_commit=self._log_committed,
         )
         self.stored = 0
         self.refreshed = 0
         self.bytes = 0
         self._log: ActionLog | None = None
+        self._actions: list[dict] = []  # action lines of rows not yet committed
 
     def put(self, fetch: Fetch, action: dict | None = None) -> Row:
         """Store a fetch; ``action``: its action-log line (ActionLog.write's arguments),
-        written here once the records are, to spare the crawl's thread the work."""
+        written here once its row is committed (a killed run then never logs ``ok``
+        for a page it fetches again), and to spare the crawl's thread the work."""
         row = self.archive.write_fetch(fetch)
         if action is not None:
-            if self._log is None:
-                self._log = ActionLog(self.datadir.action_log_path)
-            self._log.write(**action)
+            self._actions.append(action)
         self.batch.upsert(row)
         self.stored += 1
         self.bytes += row.bytes
@@ -139,6 +140,15 @@ class Store:
         )
         self.refreshed += 1
         self._maybe_roll()
+
+    def _log_committed(self) -> None:
+        actions, self._actions = self._actions, []
+        if not actions:
+            return
+        if self._log is None:
+            self._log = ActionLog(self.datadir.action_log_path)
+        for action in actions:
+            self._log.write(**action)
 
     def _maybe_roll(self) -> None:
         if self.archive.needs_rollover():
