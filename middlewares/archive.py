@@ -179,7 +179,7 @@ class ArchiveMiddleware:
         try:
             summary = self.session.close()
         except StoreError as exc:
-            logger.error("The archive writer failed: %s", exc)
+            self._fail(f"The archive writer failed: {exc}")
             summary = None
         if summary:
             self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
@@ -188,12 +188,16 @@ class ArchiveMiddleware:
             logger.info("%s", self.session.summary(summary).text())
 
     def _fail(self, message: str) -> None:
+        """Log a storage failure once; the crawl stops and exits 1 (``archive/error``)."""
         if self._failed:
             return
         self._failed = True
         logger.error("%s", message)
         self.stats.set_value("archive/error", message)
-        deferred_from_coro(self.crawler.engine.close_spider_async(reason="storage_error"))
+        self._storing = False
+        engine = self.crawler.engine
+        if engine is not None and engine.spider is not None and engine.running:
+            deferred_from_coro(engine.close_spider_async(reason="storage_error"))
 
     # -- the action log -------------------------------------------------------------
 
@@ -216,6 +220,11 @@ class ArchiveMiddleware:
         counts, self._counts = self._counts, {}
         for name, count in counts.items():
             self.stats.inc_value(name, count)
+        if self._storing:
+            try:
+                self.session.check()
+            except StoreError as exc:
+                self._fail(f"The archive writer failed: {exc}")
 
     def _count(self, outcome: str, depth: int) -> None:
         self._inc(f"actions/{outcome}")

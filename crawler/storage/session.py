@@ -174,6 +174,12 @@ class StorageSession:
         self.touch = self.writer.touch
         return recovery
 
+    def check(self) -> None:
+        """Raise StoreError if the writer process failed or died (a crawl calls this
+        while idle too: a failure must not wait for the next response to be seen)."""
+        if self.writer is not None and self.writer.opened:
+            self.writer.check()
+
     def open_readonly(self) -> None:
         """Open the catalog for lookups and replay only (no lock, no writer); raises
         CatalogError when there is no usable catalog."""

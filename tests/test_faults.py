@@ -1,0 +1,69 @@
+"""Storage faults met by real processes: a dying writer, an old writer outliving its
+crawl, a catalog held by another program, a full disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+from tests.checks import actions, assert_rows_readable, rows_by_url
+from tests.conftest import ROOT, crawl_command, crawl_env, run_crawl, write_urls
+from tests.faults import committed_rows, wait_for, writer_pid
+
+SLOW_PAGE = "/slow/987654"
+
+
+def test_a_writer_killed_while_the_crawl_waits_on_a_slow_url_fails_the_crawl(
+    site, tmp_path, data_dir
+):
+    pages = [f"/page/{n}.html" for n in range(300, 330)]
+    urls = [f"{site.base_url}{p}" for p in pages] + [f"{site.base_url}{SLOW_PAGE}?ms=8000"]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    # Nothing is committed before the end: every page waits in the writer's batch.
+    # The slow URL ends in a timeout, not a response: no put tells the crawl the writer
+    # is gone.
+    args = (
+        *("-s", "CATALOG_BATCH_SIZE=1000", "-s", "CATALOG_FLUSH_SECONDS=3600"),
+        *("-s", "DOWNLOAD_TIMEOUT=4", "-s", "RETRY_ENABLED=0"),
+    )
+    before = site.counts[SLOW_PAGE]
+    log = tmp_path / "crawl.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            # DEBUG: "Crawled (200)" says a response went through the archive middleware.
+            crawl_command(url_file, data_dir, *args, "-s", "LOG_LEVEL=DEBUG"),
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=crawl_env(),
+        )
+    try:
+        writer = writer_pid(proc.pid)
+        wait_for(
+            lambda: (
+                site.counts[SLOW_PAGE] > before
+                and log.read_text().count("Crawled (200)") >= len(pages) + 1
+            ),  # and robots.txt
+            "every page handed to the writer and the slow one asked for",
+            proc=proc,
+        )
+        os.kill(writer, signal.SIGKILL)
+        assert proc.wait(timeout=120) == 1, log.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    errors = [line for line in text.splitlines() if " ERROR: " in line and "writer" in line]
+    assert len(errors) == 1, text[-3000:]
+    # Nothing was committed, so nothing is logged as ok.
+    assert committed_rows(data_dir) == 0
+    assert [e for e in actions(data_dir) if e["outcome"] == "ok"] == []
+
+    result = run_crawl(url_file, data_dir, *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(rows_by_url(data_dir)) == set(urls[:-1])  # the slow one timed out again
+    assert_rows_readable(data_dir)
+    # Records the killed writer got to disk were indexed on restart, not fetched again.
+    oks = [e["url"] for e in actions(data_dir) if e["outcome"] == "ok"]
+    assert len(oks) == len(set(oks)) and set(oks) <= set(urls)
