@@ -3,12 +3,22 @@ crawl, a catalog held by another program, a full disk."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 
-from tests.checks import actions, assert_rows_readable, rows_by_url
-from tests.conftest import ROOT, crawl_command, crawl_env, run_crawl, write_urls
+from crawler.storage.datadir import DataDir
+from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
+from tests.conftest import (
+    ROOT,
+    crawl_command,
+    crawl_env,
+    kill_group,
+    run_crawl,
+    start_crawl,
+    write_urls,
+)
 from tests.faults import committed_rows, wait_for, writer_pid
 
 SLOW_PAGE = "/slow/987654"
@@ -67,3 +77,42 @@ def test_a_writer_killed_while_the_crawl_waits_on_a_slow_url_fails_the_crawl(
     # Records the killed writer got to disk were indexed on restart, not fetched again.
     oks = [e["url"] for e in actions(data_dir) if e["outcome"] == "ok"]
     assert len(oks) == len(set(oks)) and set(oks) <= set(urls)
+
+
+def test_the_next_run_waits_for_the_writer_a_killed_crawl_left_behind(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/slow/{n}?ms=20" for n in range(150)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    args = ("-s", "CATALOG_BATCH_SIZE=5", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4")
+    first = start_crawl(url_file, data_dir, *args, log_path=tmp_path / "first.log")
+    second = None
+    writer = writer_pid(first.pid)
+    try:
+        wait_for(lambda: committed_rows(data_dir) >= 20, "20 rows committed", proc=first)
+        # The old writer is slowed down (a slow disk) and its crawl killed alone.
+        os.kill(writer, signal.SIGSTOP)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+        unfinished = DataDir(data_dir).open_archives()
+        assert unfinished
+        log = tmp_path / "second.log"
+        second = start_crawl(url_file, data_dir, *args, log_path=log)
+        wait_for(lambda: "Waiting for the archive writer" in log.read_text(), "a wait", proc=second)
+        assert f"pid {writer}" in log.read_text()
+        assert "Repaired" not in log.read_text()
+        assert DataDir(data_dir).open_archives() == unfinished  # untouched
+        os.kill(writer, signal.SIGCONT)
+        assert second.wait(timeout=120) == 0, log.read_text()[-3000:]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(writer, signal.SIGCONT)
+        kill_group(first)
+        if second is not None:
+            kill_group(second)
+    rows = assert_rows_readable(data_dir, site)
+    assert set(rows_by_url(data_dir)) == set(urls)
+    records = response_records(data_dir)
+    assert {key: n for key, n in records.items() if n != 1} == {}
+    assert set(records) == set(rows)
+    assert not DataDir(data_dir).open_archives()
+    oks = [e["key"] for e in actions(data_dir) if e["outcome"] == "ok"]
+    assert len(oks) == len(set(oks))

@@ -3,7 +3,7 @@
 ::
 
     metadata.db          catalog
-    .lock                held by the one crawl writing here
+    .lock                held by the one crawl writing here, and by its writer process
     archive/             archive files, of every format; a file being written has an empty
                          <name>.writing beside it (its name never changes)
     fetch_log.jsonl      action log
@@ -16,7 +16,9 @@ Nothing else in the project spells these names out: ask a :class:`DataDir`.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import struct
 from pathlib import Path
 
 from crawler.storage import formats
@@ -28,6 +30,8 @@ DEFAULT = "data"
 CATALOG_NAME = "metadata.db"
 ACTION_LOG_NAME = "fetch_log.jsonl"
 SHIPPED_DIR = "catalogs"
+
+logger = logging.getLogger(__name__)
 
 
 class DataDir:
@@ -154,10 +158,10 @@ class DataDir:
         return DataDirLock(self.lock_path)
 
     def is_free(self) -> bool:
-        """Whether no crawl holds the data directory right now."""
+        """Whether no crawl, and no writer of one, holds the data directory right now."""
         lock = self.lock()
         try:
-            lock.acquire()
+            lock.acquire(wait_for_writer=False)
         except StoreError:
             return False
         lock.release()
@@ -168,14 +172,19 @@ class DataDirLock:
     """An exclusive lock on a data directory: one crawl writes it at a time.
 
     Held through an open file (``flock``), so that it goes with the process that
-    holds it, however that process ends.
+    holds it, however that process ends. The crawl's writer process holds a second
+    lock on the same file (a POSIX record lock, independent of ``flock``) for as long
+    as it lives: a crawl killed alone leaves its writer finishing its queue, and the
+    next run waits for that writer to exit before it repairs anything.
     """
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, wait_for_writer: bool = True) -> None:
+        """Take the lock; raises StoreError when another crawl holds it, or (without
+        ``wait_for_writer``) when the writer of a previous run is still alive."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -187,9 +196,48 @@ class DataDirLock:
                 f"{self.path.parent} is in use by another crawl (pid {holder or '?'}); "
                 "wait for it or use another DATA_DIR"
             ) from None
+        try:
+            self._wait_for_writer(fd, wait_for_writer)
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
+
+    def _wait_for_writer(self, fd: int, wait: bool) -> None:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = writer_holding(fd)
+            if not wait:
+                raise StoreError(
+                    f"{self.path.parent} is still being written by the archive writer of "
+                    f"a previous crawl (pid {pid}); wait for it to exit"
+                ) from None
+            logger.warning(
+                "Waiting for the archive writer of a previous crawl (pid %s) to finish "
+                "writing %s before touching it (it exits once its queue is stored)",
+                pid,
+                self.path.parent,
+            )
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            logger.warning("The archive writer of the previous crawl is gone: resuming")
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+
+    def hold_for_writer(self) -> None:
+        """Hold the writer's lock until this process exits (the writer process calls
+        it when it opens the store); raises StoreError when another writer holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = writer_holding(fd)
+            os.close(fd)
+            raise StoreError(
+                f"another archive writer (pid {pid}) is writing {self.path.parent}"
+            ) from None
+        self._fd = fd  # never closed: closing any descriptor of the file drops the lock
 
     def release(self) -> None:
         if self._fd is not None:
@@ -202,3 +250,16 @@ class DataDirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+_FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid
+
+
+def writer_holding(fd: int) -> int | str:
+    """The pid holding a POSIX lock on ``fd``'s file ('?' when it cannot be told)."""
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(_FLOCK, answer)
+    except (OSError, struct.error):
+        return "?"
+    return pid if kind != fcntl.F_UNLCK else "?"

@@ -63,6 +63,9 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         return  # the crawl ended before its storage opened
     assert op == "open" and isinstance(config, StoreConfig), op
     try:
+        # Held until this process exits, after the crawl if it dies first: the next
+        # run waits for it (DataDirLock).
+        config.datadir.lock().hold_for_writer()
         store = Store(config)
     except Exception as exc:
         answer("error", f"cannot open the store in {config.data_dir}: {exc}")
