@@ -56,3 +56,11 @@ def committed_rows(data_dir: Path) -> int:
         return len(catalog_rows(data_dir))
     except (CatalogError, sqlite3.Error):  # being created right now: not there yet
         return 0
+
+
+def wait_for_rows(data_dir: Path, target: int, proc) -> None:
+    """Wait until ``target`` rows are committed, or ``proc`` has exited."""
+    wait_for(
+        lambda: committed_rows(data_dir) >= target or proc.poll() is not None,
+        f"{target} rows committed",
+    )
