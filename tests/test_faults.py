@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 
 from crawler.storage.datadir import DataDir
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
@@ -19,7 +21,8 @@ from tests.conftest import (
     start_crawl,
     write_urls,
 )
-from tests.faults import committed_rows, wait_for, writer_pid
+from tests.faults import committed_rows, wait_for, wait_for_rows, writer_pid
+from tests.servers import need
 
 SLOW_PAGE = "/slow/987654"
 
@@ -116,3 +119,51 @@ def test_the_next_run_waits_for_the_writer_a_killed_crawl_left_behind(site, tmp_
     assert not DataDir(data_dir).open_archives()
     oks = [e["key"] for e in actions(data_dir) if e["outcome"] == "ok"]
     assert len(oks) == len(set(oks))
+
+
+def rows_in_a_copy_of_the_catalog_alone(data_dir, tmp_path) -> int:
+    """Rows of ``metadata.db`` copied without its ``-wal``, counted by sqlite3."""
+    copy = tmp_path / "copied" / "metadata.db"
+    copy.parent.mkdir(exist_ok=True)
+    shutil.copyfile(DataDir(data_dir).catalog_path, copy)
+    out = subprocess.run(
+        ["sqlite3", str(copy), "SELECT count(*) FROM artifacts"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(out.stdout)
+
+
+def test_the_catalog_file_alone_holds_every_committed_row(site, tmp_path, data_dir):
+    if shutil.which("sqlite3") is None:
+        need("the sqlite3 command-line shell")
+    urls = [f"{site.base_url}/slow/{n}?ms=20" for n in range(200)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    args = ("-s", "CATALOG_BATCH_SIZE=5")
+    # Interrupted (Ctrl-C): a clean close too.
+    proc = start_crawl(url_file, data_dir, *args, log_path=tmp_path / "first.log")
+    try:
+        wait_for_rows(data_dir, 30, proc)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 75
+    finally:
+        kill_group(proc)
+    interrupted = rows_in_a_copy_of_the_catalog_alone(data_dir, tmp_path)
+    assert interrupted == committed_rows(data_dir) >= 30
+    # Finished.
+    assert run_crawl(url_file, data_dir, *args).returncode == 0
+    assert rows_in_a_copy_of_the_catalog_alone(data_dir, tmp_path) == len(urls)
+    # A command that writes a catalog.
+    rebuilt = tmp_path / "rebuilt" / "metadata.db"
+    rebuilt.parent.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "catalog", "rebuild", "-o", str(rebuilt)]
+        + ["-s", f"DATA_DIR={data_dir}"],
+        cwd=ROOT,
+        env=crawl_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert rows_in_a_copy_of_the_catalog_alone(rebuilt.parent, tmp_path) == len(urls)

@@ -9,6 +9,7 @@ statements below.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -238,6 +239,12 @@ class Catalog:
             tmp.unlink()
 
     def close(self) -> None:
+        """Close; a writer first moves the WAL into the database file, so that
+        ``metadata.db`` alone holds every committed row (users copy it without its
+        ``-wal``; read-only connections cannot do it when they close last)."""
+        if not self.readonly:
+            with contextlib.suppress(sqlite3.OperationalError):  # busy: the next close
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
 
     def __enter__(self) -> Catalog:
