@@ -79,6 +79,9 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.robotstxt.RobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "middlewares.retry.LoggedRetryMiddleware": 550,
+    # Between the downloader and HttpCompressionMiddleware (590): sees bodies still
+    # compressed, and retries one whose gzip stream was cut short.
+    "middlewares.truncated_gzip.TruncatedGzipMiddleware": 595,
     # Before HttpProxyMiddleware (750), which reads the proxy it sets.
     "middlewares.proxy_lease.ProxyLeaseMiddleware": 740,
 }

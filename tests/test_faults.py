@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from crawler.storage.datadir import DataDir
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
 from tests.conftest import (
@@ -22,6 +24,7 @@ from tests.conftest import (
     write_urls,
 )
 from tests.faults import committed_rows, wait_for, wait_for_rows, writer_pid
+from tests.rawserver import RawServer
 from tests.servers import need
 
 SLOW_PAGE = "/slow/987654"
@@ -167,3 +170,22 @@ def test_the_catalog_file_alone_holds_every_committed_row(site, tmp_path, data_d
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert rows_in_a_copy_of_the_catalog_alone(rebuilt.parent, tmp_path) == len(urls)
+
+
+@pytest.fixture
+def raw_server():
+    server = RawServer()
+    yield server
+    server.close()
+
+
+def test_a_gzip_body_cut_short_is_a_retried_error_never_a_row(raw_server, tmp_path, data_dir):
+    urls = [f"{raw_server.base_url}/truncated", f"{raw_server.base_url}/fine"]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    result = run_crawl(url_file, data_dir, "-s", "RETRY_TIMES=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(rows_by_url(data_dir)) == {urls[1]}
+    assert raw_server.counts["/truncated"] == 2  # asked again once
+    lines = [e for e in actions(data_dir) if e["url"] == urls[0]]
+    assert [e["outcome"] for e in lines] == ["retry", "error"], lines
+    assert "truncated gzip" in lines[-1]["error"]
