@@ -31,6 +31,15 @@ DUPEFILTER_CLASS = "extensions.dupefilter.SpillingDupeFilter"
 DUPEFILTER_MEMORY_FINGERPRINTS = 250_000
 DUPEFILTER_CACHE_MIB = 16
 
+# What bounds a crawl's memory: at most CONCURRENT_REQUESTS bodies are in flight, each
+# at most DOWNLOAD_MAXSIZE (a gzip body's decoded size counts; a larger one is
+# cancelled, logged, and an error). Scrapy's 1 GiB let one endless response take a
+# gigabyte, a few at once several (README: Settings). Raise DOWNLOAD_MAXSIZE to store
+# larger bodies, and the memory bound with it.
+CONCURRENT_REQUESTS = 16
+DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
+DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
+
 TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.
 REMOTE_CONTROL_ENABLED = False

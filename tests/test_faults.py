@@ -189,3 +189,38 @@ def test_a_gzip_body_cut_short_is_a_retried_error_never_a_row(raw_server, tmp_pa
     lines = [e for e in actions(data_dir) if e["url"] == urls[0]]
     assert [e["outcome"] for e in lines] == ["retry", "error"], lines
     assert "truncated gzip" in lines[-1]["error"]
+
+
+def test_an_endless_body_and_a_gzip_bomb_are_cut_at_the_default_size(
+    raw_server, tmp_path, data_dir
+):
+    urls = [f"{raw_server.base_url}/{p}" for p in ("endless", "bomb", "fine")]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    # Run through a parent that reports the largest resident size of its descendants
+    # (the crawl and its writer).
+    measure = (
+        "import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            measure,
+            *crawl_command(url_file, data_dir, "-s", "RETRY_ENABLED=0"),
+        ],
+        cwd=ROOT,
+        env=crawl_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(rows_by_url(data_dir)) == {urls[2]}
+    log = result.stderr
+    assert "larger than download max size" in log and urls[0] in log, log[-3000:]
+    assert "exceeded DOWNLOAD_MAXSIZE" in log and urls[1] in log, log[-3000:]
+    # Scrapy's default (1 GiB a response) took over a gigabyte here; the bound the
+    # README states is 512 MiB for 16 responses at once, and two were in flight.
+    peak_mib = int(result.stdout.split()[-1]) / 1024
+    assert peak_mib < 400, peak_mib
