@@ -141,6 +141,7 @@ class ArchiveMiddleware:
         self.session.start_writer()
         self.revalidate = False
         self._failed = False
+        self._log_failed = False
         self._storing = False  # the writer has opened the store
 
     @classmethod
@@ -209,8 +210,20 @@ class ArchiveMiddleware:
     ) -> None:
         self._count(outcome, depth)
         log = self.session.log
-        if log is not None:
-            log.write(url, key, outcome, **fields)
+        if log is not None and not self._log_failed:
+            try:
+                log.write(url, key, outcome, **fields)
+            except OSError as exc:
+                self._log_failure(exc)
+
+    def _log_failure(self, exc: OSError) -> None:
+        # One message, then no more writes: a full disk would fail every one of them.
+        self._log_failed = True
+        self._fail(
+            f"writing the action log {self.session.datadir.action_log_path} failed: "
+            f"{exc.strerror or exc}; rows committed so far are intact, the next run "
+            "repairs the log and resumes"
+        )
 
     def _inc(self, name: str, count: int = 1) -> None:
         counts = self._counts
@@ -271,7 +284,11 @@ class ArchiveMiddleware:
             else:
                 out.append(request)
         if hits:
-            self.session.log.write_cache_hits(hits)
+            if not self._log_failed:
+                try:
+                    self.session.log.write_cache_hits(hits)
+                except OSError as exc:
+                    self._log_failure(exc)
             for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
                 self._inc(name, len(hits))
         return out

@@ -4,6 +4,7 @@ crawl, a catalog held by another program, a full disk."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -224,3 +225,46 @@ def test_an_endless_body_and_a_gzip_bomb_are_cut_at_the_default_size(
     # README states is 512 MiB for 16 responses at once, and two were in flight.
     peak_mib = int(result.stdout.split()[-1]) / 1024
     assert peak_mib < 400, peak_mib
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs; ``remount(size)`` gives it more room."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)]).returncode:
+        need("a small tmpfs (mount as root)")
+
+    def remount(size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mnt)], check=True)
+
+    yield mnt, remount
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_full_disk_is_one_message_and_the_next_run_repairs_the_log(site, small_disk, tmp_path):
+    mnt, remount = small_disk
+    data_dir = mnt / "data"
+    urls = [f"{site.base_url}/binary/{n}" for n in range(400)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    result = run_crawl(url_file, data_dir, "-s", "CATALOG_BATCH_SIZE=10")
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-6000:]
+    errors = [line for line in result.stderr.splitlines() if " ERROR: " in line]
+    assert len(errors) == 1, errors
+    assert str(data_dir) in errors[0] and "full" in errors[0], errors
+    committed = assert_rows_readable(data_dir, site)
+    assert 0 < len(committed) < len(urls)
+    log = DataDir(data_dir).action_log_path
+    remount("64m")
+    with open(log, "ab") as f:  # a line torn by the full disk, or by a kill
+        f.write(b'{"ts": "2026-01-01T00:00:00.000Z", "url": "http://exa')
+    result = run_crawl(url_file, data_dir, "-s", "CATALOG_BATCH_SIZE=10")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Cut a torn last line" in result.stderr
+    assert set(rows_by_url(data_dir)) == set(urls)
+    assert_rows_readable(data_dir, site)
+    lines = log.read_bytes().split(b"\n")
+    assert lines[-1] == b""
+    for line in lines[:-1]:
+        json.loads(line)  # every line whole: none torn in the middle

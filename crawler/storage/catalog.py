@@ -139,6 +139,8 @@ SEEN_ABSENT_IN_SRC = (
     "SELECT count(*) FROM src.artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
 )
 SRC_ARCHIVES = "SELECT DISTINCT archive FROM src.artifacts"
+# How long closing a catalog waits for other writers before it leaves the WAL as it is.
+CHECKPOINT_WAIT_MS = 2000
 
 
 # -- connections and transactions --------------------------------------------------------
@@ -243,7 +245,10 @@ class Catalog:
         ``metadata.db`` alone holds every committed row (users copy it without its
         ``-wal``; read-only connections cannot do it when they close last)."""
         if not self.readonly:
-            with contextlib.suppress(sqlite3.OperationalError):  # busy: the next close
+            # It waits for other writers: briefly, so that a program holding a write
+            # transaction delays a close by little (the next close checkpoints then).
+            with contextlib.suppress(sqlite3.OperationalError):
+                self.conn.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
                 self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
 

@@ -166,6 +166,12 @@ class StorageSession:
             )
         if recovery.indexed_rows:
             logger.warning("Indexed %d stored records the catalog lacked", recovery.indexed_rows)
+        if recovery.log_cut:
+            logger.warning(
+                "Cut a torn last line (%d bytes) off %s, left by a killed run or a full disk",
+                len(recovery.log_cut),
+                self.datadir.action_log_path,
+            )
         Catalog(self.datadir.catalog_path).close()  # creates or migrates it
         self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
         self.log = ActionLog(self.datadir.action_log_path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.storage import formats
+from crawler.storage import actionlog, formats
 from crawler.storage.actionlog import ActionLog
 from crawler.storage.batch import BatchWriter
 from crawler.storage.catalog import Catalog
@@ -48,6 +48,7 @@ class StoreConfig:
 class Recovery:
     repairs: list[Repair] = field(default_factory=list)
     indexed_rows: int = 0
+    log_cut: bytes = b""  # a torn last line cut off the action log
 
 
 def recover(datadir: DataDir) -> Recovery:
@@ -55,7 +56,7 @@ def recover(datadir: DataDir) -> Recovery:
 
     Call it with the data directory locked and no writer running.
     """
-    result = Recovery()
+    result = Recovery(log_cut=actionlog.repair(datadir.action_log_path))
     for marker in datadir.stale_markers():
         marker.unlink()
     open_files = datadir.open_archives()
@@ -145,10 +146,14 @@ class Store:
         actions, self._actions = self._actions, []
         if not actions:
             return
-        if self._log is None:
-            self._log = ActionLog(self.datadir.action_log_path)
-        for action in actions:
-            self._log.write(**action)
+        path = self.datadir.action_log_path
+        try:
+            if self._log is None:
+                self._log = ActionLog(path)
+            for action in actions:
+                self._log.write(**action)
+        except OSError as exc:  # os.write names no file: say which one
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
     def _maybe_roll(self) -> None:
         if self.archive.needs_rollover():

@@ -22,10 +22,12 @@ for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
+import sqlite3  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
+from crawler.storage.holders import catalog_locked_message  # noqa: E402
 from crawler.storage.store import Store, StoreConfig  # noqa: E402
 from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame  # noqa: E402
 
@@ -103,14 +105,22 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 answer("closed", summary)
                 return
     except OSError as exc:
-        where = store.archive.path if store.archive.name else config.data_dir
-        answer(
-            "error",
-            f"writing {where} failed: {exc.strerror or exc}; rows committed so far "
-            "are intact, the next run repairs the archive and resumes",
-        )
+        where = exc.filename or (store.archive.path if store.archive.name else config.data_dir)
+        answer("error", f"writing {where} failed: {exc.strerror or exc}; {RESUMES}")
+    except sqlite3.OperationalError as exc:
+        answer("error", catalog_failure(config.datadir.catalog_path, exc))
     except Exception:
         answer("error", "the store failed:\n" + traceback.format_exc())
+
+
+RESUMES = "rows committed so far are intact, the next run repairs the archive and resumes"
+
+
+def catalog_failure(path, exc: sqlite3.OperationalError) -> str:
+    """One line on why the catalog could not be written, and what to do."""
+    if "locked" in str(exc) or "busy" in str(exc):
+        return catalog_locked_message(path)
+    return f"writing the catalog {path} failed: {exc}; {RESUMES}"
 
 
 def main(argv: list[str]) -> None:
