@@ -268,3 +268,41 @@ def test_a_full_disk_is_one_message_and_the_next_run_repairs_the_log(site, small
     assert lines[-1] == b""
     for line in lines[:-1]:
         json.loads(line)  # every line whole: none torn in the middle
+
+
+def test_a_sqlite3_session_holding_the_write_lock_is_named_and_nothing_is_lost(
+    site, tmp_path, data_dir
+):
+    if shutil.which("sqlite3") is None:
+        need("the sqlite3 command-line shell")
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(40)]
+    first = write_urls(tmp_path / "first.txt", urls[:10])
+    assert run_crawl(first, data_dir).returncode == 0
+    catalog = DataDir(data_dir).catalog_path
+    # A user's session left inside a write transaction.
+    holder = subprocess.Popen(
+        ["sqlite3", str(catalog)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        holder.stdin.write("BEGIN IMMEDIATE;\nSELECT 'holding';\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "holding"
+        url_file = write_urls(tmp_path / "urls.txt", urls)
+        result = run_crawl(url_file, data_dir)
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr, result.stderr[-6000:]
+        errors = [line for line in result.stderr.splitlines() if " ERROR: " in line]
+        assert len(errors) == 1, errors
+        assert f"pid {holder.pid} (sqlite3 {catalog})" in errors[0], errors
+        assert "COMMIT or ROLLBACK" in errors[0]
+    finally:
+        holder.stdin.close()  # the session quits: its transaction is rolled back
+        holder.wait(timeout=30)
+        holder.stdout.close()
+    result = run_crawl(url_file, data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert set(rows_by_url(data_dir)) == set(urls)
+    assert_rows_readable(data_dir, site)

@@ -18,7 +18,7 @@ def holders(path: str | os.PathLike) -> list[str]:
             if any(os.readlink(f"/proc/{entry.name}/fd/{fd}") == target for fd in fds):
                 with open(f"/proc/{entry.name}/cmdline", "rb") as f:
                     command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-                found.append(f"pid {entry.name} ({command[:80]})")
+                found.append(f"pid {entry.name} ({command[:200]})")
         except OSError:  # gone meanwhile, or not ours to look at
             continue
     return found
