@@ -195,7 +195,6 @@ class ArchiveMiddleware:
         self._failed = True
         logger.error("%s", message)
         self.stats.set_value("archive/error", message)
-        self._storing = False
         engine = self.crawler.engine
         if engine is not None and engine.spider is not None and engine.running:
             deferred_from_coro(engine.close_spider_async(reason="storage_error"))
