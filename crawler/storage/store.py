@@ -52,7 +52,8 @@ class Recovery:
 
 
 def recover(datadir: DataDir) -> Recovery:
-    """Repair archives left open by a killed run and index what the catalog lacks.
+    """Repair archives a killed run left unfinished, index what the catalog lacks, and
+    cut a torn last line off the action log.
 
     Call it with the data directory locked and no writer running.
     """

@@ -35,6 +35,7 @@ from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_fr
 # while it stays empty. The pipe and the ring hold much more than the crawl sends in
 # the longer one.
 IDLE_SLEEP = (0.001, 0.02)
+RESUMES = "rows committed so far are intact, the next run repairs the archive and resumes"
 
 
 def _yield_to_crawl() -> None:
@@ -111,9 +112,6 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         answer("error", catalog_failure(config.datadir.catalog_path, exc))
     except Exception:
         answer("error", "the store failed:\n" + traceback.format_exc())
-
-
-RESUMES = "rows committed so far are intact, the next run repairs the archive and resumes"
 
 
 def catalog_failure(path, exc: sqlite3.OperationalError) -> str:
