@@ -24,7 +24,10 @@ EXIT_USAGE = 2
 EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: try again later
 
 
-def exit_status(finish_reason: str | None) -> int:
+def exit_status(finish_reason: str | None, storage_error: str | None = None) -> int:
+    # A storage failure noticed as the crawl closed leaves its finish_reason as it was.
+    if storage_error:
+        return EXIT_FAILED
     if finish_reason == "finished":
         return EXIT_FINISHED
     if finish_reason in (None, "storage_error"):
@@ -53,7 +56,10 @@ class Command(ScrapyCrawlCommand):
         elif self.crawler_process.bootstrap_failed:
             self.exitcode = EXIT_FAILED
         else:
-            self.exitcode = exit_status(crawler.stats.get_value("finish_reason"))
+            stats = crawler.stats
+            self.exitcode = exit_status(
+                stats.get_value("finish_reason"), stats.get_value("archive/error")
+            )
 
     def _on_failure(self, failure):
         if failure.check(UsageError, HubError):

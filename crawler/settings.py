@@ -36,6 +36,14 @@ DUPEFILTER_CACHE_MIB = 16
 # (getaddrinfo in a thread) and caches as the default does; it does not apply
 # DNS_TIMEOUT (the download timeout still bounds each request).
 TWISTED_DNS_RESOLVER = "scrapy.resolver.CachingHostnameResolver"
+# What bounds a crawl's memory: at most CONCURRENT_REQUESTS bodies are in flight, each
+# at most DOWNLOAD_MAXSIZE (a gzip body's decoded size counts; a larger one is
+# cancelled, logged, and an error). Scrapy's 1 GiB let one endless response take a
+# gigabyte, a few at once several (README: Settings). Raise DOWNLOAD_MAXSIZE to store
+# larger bodies, and the memory bound with it.
+CONCURRENT_REQUESTS = 16
+DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
+DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
 
 TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.
@@ -85,6 +93,9 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.robotstxt.RobotsTxtMiddleware": 100,
     "scrapy.downloadermiddlewares.retry.RetryMiddleware": None,
     "middlewares.retry.LoggedRetryMiddleware": 550,
+    # Between the downloader and HttpCompressionMiddleware (590): sees bodies still
+    # compressed, and retries one whose gzip stream was cut short.
+    "middlewares.truncated_gzip.TruncatedGzipMiddleware": 595,
     # Inside RedirectMiddleware (600): keeps each redirect for the archive.
     "middlewares.redirect_hops.RedirectHopsMiddleware": 610,
     # Before HttpProxyMiddleware (750), which reads the proxy it sets.

@@ -168,6 +168,7 @@ class ArchiveMiddleware:
         self._unsettled = UnsettledKeys()
         self._settle_seconds = 2 * self.config.store.flush_seconds + 10
         self._failed = False
+        self._log_failed = False
         self._storing = False  # the writer has opened the store
 
     @classmethod
@@ -207,7 +208,7 @@ class ArchiveMiddleware:
         try:
             summary = self.session.close()
         except StoreError as exc:
-            logger.error("The archive writer failed: %s", exc)
+            self._fail(f"The archive writer failed: {exc}")
             summary = None
         if summary:
             self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
@@ -226,12 +227,15 @@ class ArchiveMiddleware:
         return f"Outcomes of this run: {counts}; listed URLs done: {done}."
 
     def _fail(self, message: str) -> None:
+        """Log a storage failure once; the crawl stops and exits 1 (``archive/error``)."""
         if self._failed:
             return
         self._failed = True
         logger.error("%s", message)
         self.stats.set_value("archive/error", message)
-        deferred_from_coro(self.crawler.engine.close_spider_async(reason="storage_error"))
+        engine = self.crawler.engine
+        if engine is not None and engine.spider is not None and engine.running:
+            deferred_from_coro(engine.close_spider_async(reason="storage_error"))
 
     # -- the action log -------------------------------------------------------------
 
@@ -243,8 +247,20 @@ class ArchiveMiddleware:
     ) -> None:
         self._count(outcome, depth)
         log = self.session.log
-        if log is not None:
-            log.write(url, key, outcome, **fields)
+        if log is not None and not self._log_failed:
+            try:
+                log.write(url, key, outcome, **fields)
+            except OSError as exc:
+                self._log_failure(exc)
+
+    def _log_failure(self, exc: OSError) -> None:
+        # One message, then no more writes: a full disk would fail every one of them.
+        self._log_failed = True
+        self._fail(
+            f"writing the action log {self.session.datadir.action_log_path} failed: "
+            f"{exc.strerror or exc}; rows committed so far are intact, the next run "
+            "repairs the log and resumes"
+        )
 
     def _inc(self, name: str, count: int = 1) -> None:
         counts = self._counts
@@ -254,6 +270,11 @@ class ArchiveMiddleware:
         counts, self._counts = self._counts, {}
         for name, count in counts.items():
             self.stats.inc_value(name, count)
+        if self._storing:
+            try:
+                self.session.check()
+            except StoreError as exc:
+                self._fail(f"The archive writer failed: {exc}")
 
     def _count(self, outcome: str, depth: int) -> None:
         self._inc(f"actions/{outcome}")
@@ -301,7 +322,11 @@ class ArchiveMiddleware:
             else:
                 out.append(request)
         if hits:
-            self.session.log.write_cache_hits(hits)
+            if not self._log_failed:
+                try:
+                    self.session.log.write_cache_hits(hits)
+                except OSError as exc:
+                    self._log_failure(exc)
             for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
                 self._inc(name, len(hits))
         return out

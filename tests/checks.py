@@ -11,7 +11,7 @@ from crawler.storage.actionlog import read as read_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import TruncatedRecordError
-from crawler.storage.formats.base import Scan
+from crawler.storage.formats.base import Scan, writing_marker
 from crawler.storage.records import Row
 
 
@@ -57,7 +57,7 @@ def index_file_tolerant(path: Path, data_dir: Path) -> list[Row]:
     """The rows of one archive file. A closed file must index whole; a file still
     open for writing may end inside a record (a kill), and only that is forgiven."""
     fmt = formats.for_path(path)
-    if not path.name.endswith(".open"):
+    if not (writing_marker(path).exists() or path.name.endswith(".open")):
         return fmt.index(path, data_dir).rows
     try:
         return fmt.index(path, data_dir).rows

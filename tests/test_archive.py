@@ -5,6 +5,7 @@ import gzip
 import pytest
 from warcio.archiveiterator import ArchiveIterator
 
+from crawler.storage.actionlog import read as read_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
@@ -33,7 +34,7 @@ def test_write_then_read_round_trip(tmp_path):
     writer = WarcWriter(tmp_path / "archive", tmp_path, prefix="t")
     row = writer.write_fetch(fetch())
     writer.flush()
-    assert (tmp_path / (row.archive + ".open")).exists()  # still being written
+    assert (tmp_path / (row.archive + ".writing")).exists()  # still being written
     stored = WARC.read(DataDir(tmp_path).resolve(row.archive), row.offset, row.length)
     assert stored.body == BODY
     assert stored.status == 200
@@ -64,7 +65,7 @@ def test_rollover_renames_closed_files(tmp_path):
     writer.close()
     assert first.archive != second.archive
     assert len(writer.closed_files) == 2
-    assert not list((tmp_path / "archive").glob("*.open"))
+    assert not list((tmp_path / "archive").glob("*.writing"))
 
 
 def test_a_truncated_tail_is_cut_kept_aside_and_the_rest_indexed(tmp_path):
@@ -72,7 +73,7 @@ def test_a_truncated_tail_is_cut_kept_aside_and_the_rest_indexed(tmp_path):
     store = Store(config)
     rows = [store.put(fetch(f"k{i}", body=BODY * (i + 1))) for i in range(5)]
     store.archive.flush()  # on disk, but no row committed
-    open_path = store.archive.open_path
+    open_path = store.archive.path
     good = open_path.stat().st_size
     with open(open_path, "ab") as f:
         f.write(gzip.compress(b"WARC/1.1\r\nWARC-Type: response\r\n")[:25])  # a torn record
@@ -139,3 +140,29 @@ def test_repair_of_a_file_with_nothing_complete(tmp_path):
     assert repair.records == 0 and repair.cut_bytes == 3
     assert (tmp_path / "archive" / "x.warc.gz").stat().st_size == 0
     assert repair.cut_file.read_bytes() == b"\x1f\x8b\x08"
+
+
+def test_an_ok_line_is_written_only_once_its_row_is_committed(tmp_path):
+    store = Store(StoreConfig(data_dir=tmp_path, batch_size=3, flush_seconds=3600))
+    datadir = DataDir(tmp_path)
+
+    def put(n: int) -> None:
+        store.put(
+            fetch(f"k{n}"), {"url": f"http://example.org/{n}", "key": f"k{n}", "outcome": "ok"}
+        )
+
+    def logged() -> list[str]:
+        path = datadir.action_log_path
+        return [e["key"] for e in read_log(path)] if path.exists() else []
+
+    put(0)
+    put(1)
+    assert logged() == []  # written to the archive, not yet committed
+    put(2)  # the batch commits
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
+        assert catalog.count() == 3
+    assert logged() == ["k0", "k1", "k2"]
+    put(3)
+    store.abandon()  # killed before the commit: the row is recovered, never logged as ok
+    assert recover(datadir).indexed_rows == 1
+    assert logged() == ["k0", "k1", "k2"]

@@ -389,14 +389,14 @@ def test_sigkill_mid_render_leaves_valid_archive_and_catalog(site, tmp_path, dat
     log = (tmp_path / "crawl0.log").read_text()
     committed = assert_rendered_rows_readable(data_dir, site)
     assert len(committed) >= 6 and held not in rows_by_url(data_dir), log[-3000:]
-    assert list((data_dir / "archive").glob("*.open")), "killed with its archive open"
+    assert list((data_dir / "archive").glob("*.writing")), "killed with its archive open"
 
     result = _run(url_file, data_dir, *args)
     assert result.returncode == 0, result.stderr[-4000:]
     rows = assert_rendered_rows_readable(data_dir, site)
     assert set(rows_by_url(data_dir)) == set(urls)
     assert all(r.rendered for r in rows.values())
-    assert not list((data_dir / "archive").glob("*.open"))
+    assert not list((data_dir / "archive").glob("*.writing"))
     with Catalog(data_dir / "metadata.db", readonly=True) as catalog:
         assert catalog.count() == pages
 
@@ -589,7 +589,7 @@ def test_archive_writes_conversion_record_and_indexes_it(tmp_path):
     """Row from the writer == row from indexing the file; the row points at the DOM."""
     writer = WarcWriter(tmp_path / "archive", tmp_path)
     row = writer.write_fetch(rendered_fetch())
-    open_path = writer.open_path
+    open_path = writer.path
     writer.flush()
     assert row.rendered == 1 and row.etag == '"e1"'
     stored = WARC.read(open_path, row.offset, row.length)
@@ -603,7 +603,7 @@ def test_archive_writes_conversion_record_and_indexes_it(tmp_path):
     writer = WarcWriter(tmp_path / "archive2", tmp_path)
     second = writer.write_fetch(rendered_fetch())
     writer.flush()
-    data = writer.open_path.read_bytes()
+    data = writer.path.read_bytes()
     writer.close()
     path = tmp_path / "archive2" / "killed.warc.gz.open"
     path.write_bytes(data[: second.offset])

@@ -9,7 +9,7 @@ from crawler import settings as project
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import StoreError
-from crawler.storage.formats.base import OPEN_SUFFIX
+from crawler.storage.formats.base import OPEN_SUFFIX, writing_marker
 from crawler.storage.session import SessionConfig, StorageSession
 from crawler.storage.store import Store, StoreConfig
 from tests.factories import listed_body, listed_fetch
@@ -117,14 +117,18 @@ def test_data_dir_layout_and_archives_of_every_format(tmp_path):
     assert datadir.action_log_path == tmp_path / "fetch_log.jsonl"
     assert datadir.lock_path == tmp_path / ".lock"
     datadir.archive_dir.mkdir()
-    names = ["a.warc.gz", "b.zip", "c.warc.gz" + OPEN_SUFFIX, "a.warc.gz.cut-1", "notes.txt"]
-    for name in names:
+    names = ["a.warc.gz", "b.zip", "c.warc.gz", "d.zip" + OPEN_SUFFIX, "a.warc.gz.cut-1"]
+    for name in [*names, "notes.txt"]:
         (datadir.archive_dir / name).write_bytes(b"x")
+    for name in ["c.warc.gz", "e.warc.gz"]:  # e: killed before its first byte
+        writing_marker(datadir.archive_dir / name).touch()
     assert [p.name for p in datadir.archives()] == ["a.warc.gz", "b.zip"]
     assert [p.name for p in datadir.archives(formats.get("zip"))] == ["b.zip"]
-    assert [p.name for p in datadir.open_archives()] == ["c.warc.gz.open"]
-    assert datadir.resolve("archive/c.warc.gz") == datadir.archive_dir / "c.warc.gz.open"
-    assert datadir.archive_bytes() == (4, 2)  # the cut-off tail counts, notes.txt does not
+    assert [p.name for p in datadir.open_archives()] == ["c.warc.gz", "d.zip.open"]
+    assert [p.name for p in datadir.stale_markers()] == ["e.warc.gz.writing"]
+    assert datadir.resolve("archive/c.warc.gz") == datadir.archive_dir / "c.warc.gz"
+    # The file being written and the cut-off tail count, notes.txt does not.
+    assert datadir.archive_bytes() == (5, 2)
     shipped = tmp_path / "shared" / "catalogs" / "job.db"
     assert DataDir.of_catalog(shipped) == DataDir((tmp_path / "shared").resolve())
     assert DataDir.from_settings({"DATA_DIR": ""}) == DataDir("data")

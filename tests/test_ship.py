@@ -163,7 +163,7 @@ def test_time_rollover_closes_files_after_their_rows_commit(tmp_path):
 
     def rolled_over() -> bool:
         store.tick()
-        return not list((tmp_path / "archive").glob("*.open"))
+        return not list((tmp_path / "archive").glob("*.writing"))
 
     wait_until(rolled_over, "the file to roll over", timeout=60)
     assert time.monotonic() - started >= age, "not before its age (it opened after `started`)"

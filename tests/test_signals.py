@@ -80,7 +80,7 @@ def test_a_signal_stops_gracefully_and_a_rerun_resumes(site, tmp_path, data_dir,
     assert {site.base_url + p for p in HELD} <= fetched
     assert len(fetched) < len(urls)
     assert_rows_readable(data_dir, site)
-    assert not list((data_dir / "archive").glob("*.open")), "the archive was closed"
+    assert not list((data_dir / "archive").glob("*.writing")), "the archive was closed"
     assert sorted(e["url"] for e in actions(data_dir) if e["outcome"] == "ok") == sorted(fetched)
 
     resumed = run_crawl(url_file, data_dir, *ARGS)

@@ -12,6 +12,7 @@ import pytest
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from crawler.storage.formats.base import writing_marker
 from crawler.storage.formats.zip import FORMAT as ZIP
 from crawler.storage.formats.zip import ZipWriter, extension
 from crawler.storage.store import Store, StoreConfig, recover
@@ -73,7 +74,7 @@ def test_repair_rewrites_the_central_directory(tmp_path, damage):
     writer = ZipWriter(tmp_path / "archive", tmp_path)
     rows = [writer.write_fetch(fetch(n)) for n in range(4)]
     writer.abandon()
-    open_path = writer.open_path
+    open_path = writer.path
     good = open_path.stat().st_size
     with open(open_path, "ab") as f:
         if damage == "partial_entry":
@@ -81,13 +82,13 @@ def test_repair_rewrites_the_central_directory(tmp_path, damage):
             other = ZipWriter(tmp_path / "other", tmp_path)
             other.write_fetch(fetch(9))
             other.abandon()
-            f.write(other.open_path.read_bytes()[:100])
+            f.write(other.path.read_bytes()[:100])
         elif damage == "partial_directory":
             f.write(b"PK\x01\x02" + b"\0" * 20)
         else:
             f.write(b"\x00garbage")
     repair = ZIP.repair(open_path, tmp_path)
-    assert repair.path.exists() and not open_path.exists()
+    assert repair.path == open_path and not writing_marker(open_path).exists()
     assert repair.records == 4
     assert [r.key for r in repair.indexed.rows] == [r.key for r in rows]
     with zipfile.ZipFile(repair.path) as zf:
@@ -203,10 +204,10 @@ def test_killed_zip_crawl_is_repaired_and_resumed(site, tmp_path, data_dir):
     finally:
         site.release()
     assert _rows_committed(data_dir / "metadata.db") >= 6, (tmp_path / "crawl.log").read_text()
-    assert list((data_dir / "archive").glob("*.zip.open"))
+    assert list((data_dir / "archive").glob("*.zip.writing"))
     result = run_crawl(url_file, data_dir, "-s", "ARCHIVE_FORMAT=zip", timeout=300)
     assert result.returncode == 0, result.stderr
     assert "left open by a killed run" in result.stderr
-    assert not list((data_dir / "archive").glob("*.open"))
+    assert not list((data_dir / "archive").glob("*.writing"))
     rows = assert_zip_rows_readable(data_dir, site)
     assert {r.url for r in rows.values()} == set(urls)

@@ -84,6 +84,34 @@ class ActionLog:
             self._fd = None
 
 
+def repair(path: str | os.PathLike) -> bytes:
+    """Cut a torn last line (a kill or a full disk mid-write) so that the next line
+    starts on a line of its own; returns what was cut. Call it with no writer."""
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return b""
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:
+            start = max(0, end - 65536)
+            f.seek(start)
+            chunk = f.read(end - start)
+            newline = chunk.rfind(b"\n")
+            if newline >= 0:
+                end = start + newline + 1
+                break
+            end = start
+        if end == size:
+            return b""
+        f.seek(end)
+        torn = f.read()
+        f.truncate(end)
+        os.fsync(f.fileno())
+    return torn
+
+
 def read(path: str | os.PathLike) -> list[dict]:
     """Every complete line of an action log (a torn last line is skipped)."""
     out = []

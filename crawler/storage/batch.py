@@ -1,7 +1,8 @@
 """Batched catalog writes: one transaction per batch of rows.
 
 A hook runs before each commit so that the archive can be flushed and fsynced first:
-a row never points at bytes that are not on disk.
+a row never points at bytes that are not on disk; another runs after it, so that what
+says a row is stored (the action log's ``ok``) never precedes the row.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ if TYPE_CHECKING:
 class BatchWriter:
     """Batched UPSERTs: one transaction per ``batch_size`` rows or ``flush_seconds``.
 
-    ``before_commit`` runs before each commit (the archive flushes and fsyncs there).
-    Use it as a context manager: leaving the block commits what is pending.
+    ``before_commit`` runs before each commit (the archive flushes and fsyncs there),
+    ``after_commit`` after it. Use it as a context manager: leaving the block commits
+    what is pending.
     """
 
     def __init__(
@@ -28,11 +30,13 @@ class BatchWriter:
         batch_size: int = 200,
         flush_seconds: float = 5.0,
         before_commit: Callable[[], None] | None = None,
+        after_commit: Callable[[], None] | None = None,
     ):
         self.catalog = catalog
         self.batch_size = batch_size
         self.flush_seconds = flush_seconds
         self.before_commit = before_commit
+        self.after_commit = after_commit
         self._upserts: list[tuple] = []
         self._touches: list[tuple] = []
         self._since = time.monotonic()
@@ -83,4 +87,6 @@ class BatchWriter:
         self._touches.clear()
         self._since = time.monotonic()
         self.committed += n
+        if self.after_commit is not None:
+            self.after_commit()
         return n

@@ -9,6 +9,7 @@ statements below.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -173,6 +174,8 @@ SEEN_ABSENT_IN_SRC = (
     "SELECT count(*) FROM src.artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
 )
 SRC_ARCHIVES = "SELECT DISTINCT archive FROM src.artifacts"
+# How long closing a catalog waits for other writers before it leaves the WAL as it is.
+CHECKPOINT_WAIT_MS = 2000
 
 
 # -- connections and transactions --------------------------------------------------------
@@ -273,6 +276,15 @@ class Catalog:
             tmp.unlink()
 
     def close(self) -> None:
+        """Close; a writer first moves the WAL into the database file, so that
+        ``metadata.db`` alone holds every committed row (users copy it without its
+        ``-wal``; read-only connections cannot do it when they close last)."""
+        if not self.readonly:
+            # It waits for other writers: briefly, so that a program holding a write
+            # transaction delays a close by little (the next close checkpoints then).
+            with contextlib.suppress(sqlite3.OperationalError):
+                self.conn.execute(f"PRAGMA busy_timeout={CHECKPOINT_WAIT_MS}")
+                self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self.conn.close()
 
     def __enter__(self) -> Catalog:

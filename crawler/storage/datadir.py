@@ -3,8 +3,9 @@
 ::
 
     metadata.db          catalog
-    .lock                held by the one crawl writing here
-    archive/             archive files, of every format (a file being written ends in .open)
+    .lock                held by the one crawl writing here, and by its writer process
+    archive/             archive files, of every format; a file being written has an empty
+                         <name>.writing beside it (its name never changes)
     fetch_log.jsonl      action log
     derived/             outputs made from the stored records
     catalogs/            catalogs shipped here by Slurm tasks (each with its action log)
@@ -15,18 +16,22 @@ Nothing else in the project spells these names out: ask a :class:`DataDir`.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import struct
 from pathlib import Path
 
 from crawler.storage import formats
 from crawler.storage.errors import StoreError
-from crawler.storage.formats.base import OPEN_SUFFIX, ArchiveFormat
+from crawler.storage.formats.base import ArchiveFormat, writing_marker
 from crawler.storage.records import Row, StoredRecord
 
 DEFAULT = "data"
 CATALOG_NAME = "metadata.db"
 ACTION_LOG_NAME = "fetch_log.jsonl"
 SHIPPED_DIR = "catalogs"
+
+logger = logging.getLogger(__name__)
 
 
 class DataDir:
@@ -101,12 +106,29 @@ class DataDir:
     def archives(self, fmt: ArchiveFormat | None = None) -> list[Path]:
         """The closed archive files (of ``fmt``, or of every format), oldest name first."""
         chosen = [fmt] if fmt is not None else formats.FORMATS.values()
-        return sorted(p for f in chosen for p in self.archive_dir.glob(f.glob))
+        return sorted(
+            p
+            for f in chosen
+            for p in self.archive_dir.glob(f.glob)
+            if not writing_marker(p).exists()
+        )
 
     def open_archives(self) -> list[Path]:
-        """Archive files left ``.open`` (being written, or by a killed run)."""
+        """Archive files being written, or left unfinished by a killed run: those with
+        a ``.writing`` marker, and those with a legacy ``.open`` name."""
+        found = []
+        for f in formats.FORMATS.values():
+            found += [m.with_suffix("") for m in self.archive_dir.glob(f.writing_glob)]
+            found += self.archive_dir.glob(f.open_glob)
+        return sorted(p for p in found if p.exists())
+
+    def stale_markers(self) -> list[Path]:
+        """``.writing`` markers of files that were never created (killed in between)."""
         return sorted(
-            p for f in formats.FORMATS.values() for p in self.archive_dir.glob(f.open_glob)
+            m
+            for f in formats.FORMATS.values()
+            for m in self.archive_dir.glob(f.writing_glob)
+            if not m.with_suffix("").exists()
         )
 
     def archive_bytes(self) -> tuple[int, int]:
@@ -120,13 +142,9 @@ class DataDir:
         return os.path.relpath(path, self.root)
 
     def resolve(self, relpath: str) -> Path:
-        """The file a catalog row names: closed, or still open for writing. A row of
+        """The file a catalog row names (being written or closed: one name). A row of
         another data directory's catalog (``CATALOG_SEEN``) names it absolutely."""
-        path = self.root / relpath
-        if path.exists():
-            return path
-        open_path = path.with_name(path.name + OPEN_SUFFIX)
-        return open_path if open_path.exists() else path
+        return self.root / relpath
 
     def read(self, row: Row) -> StoredRecord:
         """The stored answer a catalog row points at; raises ArchiveError, OSError, or
@@ -140,10 +158,10 @@ class DataDir:
         return DataDirLock(self.lock_path)
 
     def is_free(self) -> bool:
-        """Whether no crawl holds the data directory right now."""
+        """Whether no crawl, and no writer of one, holds the data directory right now."""
         lock = self.lock()
         try:
-            lock.acquire()
+            lock.acquire(wait_for_writer=False)
         except StoreError:
             return False
         lock.release()
@@ -154,14 +172,19 @@ class DataDirLock:
     """An exclusive lock on a data directory: one crawl writes it at a time.
 
     Held through an open file (``flock``), so that it goes with the process that
-    holds it, however that process ends.
+    holds it, however that process ends. The crawl's writer process holds a second
+    lock on the same file (a POSIX record lock, independent of ``flock``) for as long
+    as it lives: a crawl killed alone leaves its writer finishing its queue, and the
+    next run waits for that writer to exit before it repairs anything.
     """
 
     def __init__(self, path: Path):
         self.path = Path(path)
         self._fd: int | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, wait_for_writer: bool = True) -> None:
+        """Take the lock; raises StoreError when another crawl holds it, or (without
+        ``wait_for_writer``) when the writer of a previous run is still alive."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -173,9 +196,48 @@ class DataDirLock:
                 f"{self.path.parent} is in use by another crawl (pid {holder or '?'}); "
                 "wait for it or use another DATA_DIR"
             ) from None
+        try:
+            self._wait_for_writer(fd, wait_for_writer)
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
+
+    def _wait_for_writer(self, fd: int, wait: bool) -> None:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = writer_holding(fd)
+            if not wait:
+                raise StoreError(
+                    f"{self.path.parent} is still being written by the archive writer of "
+                    f"a previous crawl (pid {pid}); wait for it to exit"
+                ) from None
+            logger.warning(
+                "Waiting for the archive writer of a previous crawl (pid %s) to finish "
+                "writing %s before touching it (it exits once its queue is stored)",
+                pid,
+                self.path.parent,
+            )
+            fcntl.lockf(fd, fcntl.LOCK_EX)
+            logger.warning("The archive writer of the previous crawl is gone: resuming")
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+
+    def hold_for_writer(self) -> None:
+        """Hold the writer's lock until this process exits (the writer process calls
+        it when it opens the store); raises StoreError when another writer holds it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            pid = writer_holding(fd)
+            os.close(fd)
+            raise StoreError(
+                f"another archive writer (pid {pid}) is writing {self.path.parent}"
+            ) from None
+        self._fd = fd  # never closed: closing any descriptor of the file drops the lock
 
     def release(self) -> None:
         if self._fd is not None:
@@ -188,3 +250,16 @@ class DataDirLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+_FLOCK = "hhqqi4x"  # struct flock on Linux: type, whence, start, len, pid
+
+
+def writer_holding(fd: int) -> int | str:
+    """The pid holding a POSIX lock on ``fd``'s file ('?' when it cannot be told)."""
+    try:
+        answer = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, 0, 0, 0, 0))
+        kind, _, _, _, pid = struct.unpack(_FLOCK, answer)
+    except (OSError, struct.error):
+        return "?"
+    return pid if kind != fcntl.F_UNLCK else "?"

@@ -175,6 +175,12 @@ class StorageSession:
             )
         if recovery.indexed_rows:
             logger.warning("Indexed %d stored records the catalog lacked", recovery.indexed_rows)
+        if recovery.log_cut:
+            logger.warning(
+                "Cut a torn last line (%d bytes) off %s, left by a killed run or a full disk",
+                len(recovery.log_cut),
+                self.datadir.action_log_path,
+            )
         Catalog(self.datadir.catalog_path).close()  # creates or migrates it
         self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
         self.log = ActionLog(self.datadir.action_log_path)
@@ -182,6 +188,12 @@ class StorageSession:
         self.put = self.writer.put
         self.touch = self.writer.touch
         return recovery
+
+    def check(self) -> None:
+        """Raise StoreError if the writer process failed or died (a crawl calls this
+        while idle too: a failure must not wait for the next response to be seen)."""
+        if self.writer is not None and self.writer.opened:
+            self.writer.check()
 
     def open_readonly(self) -> None:
         """Open the catalog for lookups and replay only (no lock, no writer); raises

@@ -6,8 +6,8 @@ run on the crawl's reactor thread and use another core.
 
 The ordering: a catalog row is committed only after the record it points at is
 flushed and fsynced (the batch writer's ``before_commit`` hook), and an archive file
-is renamed to its closed name only after the rows pointing into it are committed.
-:func:`recover` repairs what a killed run left open.
+loses its ``.writing`` marker only after the rows pointing into it are committed.
+:func:`recover` repairs what a killed run left unfinished.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.storage import formats
+from crawler.storage import actionlog, formats
 from crawler.storage.actionlog import ActionLog
 from crawler.storage.batch import BatchWriter
 from crawler.storage.catalog import Catalog
@@ -48,14 +48,18 @@ class StoreConfig:
 class Recovery:
     repairs: list[Repair] = field(default_factory=list)
     indexed_rows: int = 0
+    log_cut: bytes = b""  # a torn last line cut off the action log
 
 
 def recover(datadir: DataDir) -> Recovery:
-    """Repair archives left open by a killed run and index what the catalog lacks.
+    """Repair archives a killed run left unfinished, index what the catalog lacks, and
+    cut a torn last line off the action log.
 
     Call it with the data directory locked and no writer running.
     """
-    result = Recovery()
+    result = Recovery(log_cut=actionlog.repair(datadir.action_log_path))
+    for marker in datadir.stale_markers():
+        marker.unlink()
     open_files = datadir.open_archives()
     if not open_files:
         return result
@@ -106,20 +110,21 @@ class Store:
             batch_size=config.batch_size,
             flush_seconds=config.flush_seconds,
             before_commit=self.archive.flush,
+            after_commit=self._log_committed,
         )
         self.stored = 0
         self.refreshed = 0
         self.bytes = 0
         self._log: ActionLog | None = None
+        self._actions: list[dict] = []  # action lines of rows not yet committed
 
     def put(self, fetch: Fetch, action: dict | None = None) -> Row:
         """Store a fetch; ``action``: its action-log line (ActionLog.write's arguments),
-        written here once the records are, to spare the crawl's thread the work."""
+        written here once its row is committed (a killed run then never logs ``ok``
+        for a page it fetches again), and to spare the crawl's thread the work."""
         row = self.archive.write_fetch(fetch)
         if action is not None:
-            if self._log is None:
-                self._log = ActionLog(self.datadir.action_log_path)
-            self._log.write(**action)
+            self._actions.append(action)
         self.batch.upsert(row)
         self.stored += 1
         self.bytes += row.bytes
@@ -138,6 +143,19 @@ class Store:
         self.refreshed += 1
         self._maybe_roll()
 
+    def _log_committed(self) -> None:
+        actions, self._actions = self._actions, []
+        if not actions:
+            return
+        path = self.datadir.action_log_path
+        try:
+            if self._log is None:
+                self._log = ActionLog(path)
+            for action in actions:
+                self._log.write(**action)
+        except OSError as exc:  # os.write names no file: say which one
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
     def _maybe_roll(self) -> None:
         if self.archive.needs_rollover():
             self.batch.flush()
@@ -154,7 +172,8 @@ class Store:
 
     def abandon(self) -> None:
         """Drop everything as a kill leaves it, for crash tests: the records written so
-        far reach the file, which stays ``.open``; pending rows are never committed."""
+        far reach the file, which keeps its ``.writing`` marker; pending rows are never
+        committed."""
         self.archive.abandon()
         self.catalog.close()
         if self._log is not None:

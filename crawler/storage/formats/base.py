@@ -1,5 +1,6 @@
-"""What every archive format shares: the rolling ``.open`` file, gzip members, the
-record of a repair, and :class:`ArchiveFormat`, the interface the registry holds."""
+"""What every archive format shares: the rolling file and its ``.writing`` marker, gzip
+members, the record of a repair, and :class:`ArchiveFormat`, the interface the registry
+holds."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ from isal import isal_zlib
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
 from crawler.storage.records import Fetch, Indexed, Row, StoredRecord
 
+# A file keeps one name from its first byte to its last, so that a catalog row names an
+# existing file at every instant; an empty ``<name>.writing`` beside it says it is still
+# being written (or was, by a killed run). Before the marker existed, such a file was
+# named ``<name>.open``: recovery still repairs and renames those.
+WRITING_SUFFIX = ".writing"
 OPEN_SUFFIX = ".open"
 _READ_CHUNK = 1 << 20
 
@@ -87,11 +93,18 @@ def read_range(path: str | os.PathLike, offset: int, length: int, what: str = "r
     return data
 
 
-class RollingFile:
-    """A file written as ``<dir>/<prefix>-<time>-<pid>-<seq><suffix>.open``.
+def writing_marker(path: str | os.PathLike) -> Path:
+    """The marker that says ``path`` is still being written."""
+    path = Path(path)
+    return path.with_name(path.name + WRITING_SUFFIX)
 
-    It is renamed to its closed name by :meth:`close` (after a flush and fsync), and a
-    writer starts a new one once :meth:`needs_rollover` says so. Subclasses write the
+
+class RollingFile:
+    """A file written as ``<dir>/<prefix>-<time>-<pid>-<seq><suffix>``.
+
+    Its marker (:func:`writing_marker`) is made before its first byte and removed by
+    :meth:`close` (after a flush and fsync), and a writer starts a new one once
+    :meth:`needs_rollover` says so. Subclasses write the
     records; ``_started`` and ``_finishing`` are their hooks at either end of a file.
     """
 
@@ -122,22 +135,24 @@ class RollingFile:
 
     @property
     def path(self) -> Path:
-        """The file's closed name (it is written under this name + ``.open``)."""
+        """The file's one name, while written and once closed."""
         return self.directory / self.name
-
-    @property
-    def open_path(self) -> Path:
-        return self.directory / (self.name + OPEN_SUFFIX)
 
     @property
     def relpath(self) -> str:
         return os.path.relpath(self.path, self.data_dir)
 
     def _open(self) -> None:
-        self._seq += 1
         stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())
-        self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}{self.suffix}"
-        self._file = open(self.open_path, "xb")
+        while True:
+            # Another writer of this process may have used the name within the second.
+            self._seq += 1
+            self.name = f"{self.prefix}-{stamp}-{os.getpid()}-{self._seq:05d}{self.suffix}"
+            if not self.path.exists() and not writing_marker(self.path).exists():
+                break
+        writing_marker(self.path).touch(exist_ok=False)
+        fsync_dir(self.directory)  # the marker is on disk before any row names the file
+        self._file = open(self.path, "xb")
         self.size = 0
         self._opened_at = time.monotonic()
         self._started()
@@ -172,21 +187,21 @@ class RollingFile:
         )
 
     def close(self) -> Path | None:
-        """Finish, flush, fsync and rename the open file to its closed name."""
+        """Finish, flush and fsync the file, then remove its ``.writing`` marker."""
         if self._file is None:
             return None
         self._finishing()
         self.flush(fsync=True)
         self._file.close()
         self._file = None
-        os.rename(self.open_path, self.path)
+        writing_marker(self.path).unlink()
         fsync_dir(self.directory)
         self.closed_files.append(self.path)
         return self.path
 
     def abandon(self) -> None:
         """Drop the open file as a kill leaves it, for crash tests: the bytes written so
-        far reach the file, which stays ``.open`` and unfinished."""
+        far reach the file, which keeps its ``.writing`` marker and stays unfinished."""
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -203,8 +218,9 @@ class Repair:
     indexed: Indexed
 
 
-def closed_name(open_path: Path) -> Path:
-    return open_path.with_name(open_path.name.removesuffix(OPEN_SUFFIX))
+def closed_name(path: Path) -> Path:
+    """The name a file being written keeps (a legacy ``.open`` name loses its suffix)."""
+    return path.with_name(path.name.removesuffix(OPEN_SUFFIX))
 
 
 def save_tail(f, start: int, closed: Path) -> Path:
@@ -218,9 +234,11 @@ def save_tail(f, start: int, closed: Path) -> Path:
     return cut_file
 
 
-def finish_repair(open_path: Path, closed: Path) -> None:
-    """Rename a repaired file to its closed name, durably."""
-    os.rename(open_path, closed)
+def finish_repair(path: Path, closed: Path) -> None:
+    """Mark a repaired file closed, durably (a legacy ``.open`` one is renamed)."""
+    if path != closed:
+        os.rename(path, closed)
+    writing_marker(closed).unlink(missing_ok=True)
     fsync_dir(closed.parent)
 
 
@@ -253,10 +271,16 @@ class ArchiveFormat:
 
     @property
     def open_glob(self) -> str:
+        """Files of this format left with a legacy ``.open`` name."""
         return f"*{self.suffix}{OPEN_SUFFIX}"
 
+    @property
+    def writing_glob(self) -> str:
+        """The markers of this format's files being written."""
+        return f"*{self.suffix}{WRITING_SUFFIX}"
+
     def owns(self, path: str | os.PathLike) -> bool:
-        """Whether ``path`` (closed or ``.open``) is a file of this format."""
+        """Whether ``path`` (or its legacy ``.open`` name) is a file of this format."""
         return os.fspath(path).removesuffix(OPEN_SUFFIX).endswith(self.suffix)
 
     def writer(
@@ -288,8 +312,8 @@ class ArchiveFormat:
         """Index what can be read into ``scan``; a bad place is a problem, not an error."""
         raise NotImplementedError
 
-    def repair(self, open_path: Path, data_dir: Path) -> Repair:
-        """Close a file left open by a killed run: cut a partial tail, keep the rest."""
+    def repair(self, path: Path, data_dir: Path) -> Repair:
+        """Close a file a killed run was writing: cut a partial tail, keep the rest."""
         raise NotImplementedError
 
 

@@ -513,18 +513,18 @@ class WarcFormat(ArchiveFormat):
                     if start < 0:
                         return
 
-    def repair(self, open_path: Path, data_dir: Path) -> Repair:
+    def repair(self, path: Path, data_dir: Path) -> Repair:
         """The partial trailing record is cut off and kept beside the file as
         ``<name>.cut-<time>``; the complete records are returned as rows to index."""
-        closed = closed_name(open_path)
+        closed = closed_name(path)
         relpath = os.path.relpath(closed, data_dir)
         out = Indexed()
         good_end = records = 0
-        with open(open_path, "r+b") as f:
+        with open(path, "r+b") as f:
             try:
                 for offset, length, raw in iter_members(f):
                     try:
-                        record = parse_record(raw, f"{open_path}: offset {offset}")
+                        record = parse_record(raw, f"{path}: offset {offset}")
                     except ArchiveError:
                         break
                     index_record(record, relpath, offset, length, out)
@@ -538,7 +538,7 @@ class WarcFormat(ArchiveFormat):
                 cut_file = save_tail(f, good_end, closed)
                 f.truncate(good_end)
                 os.fsync(f.fileno())
-        finish_repair(open_path, closed)
+        finish_repair(path, closed)
         return Repair(closed, records, size - good_end, cut_file, out)
 
 

@@ -5,9 +5,10 @@ HTTP headers, fetch time, key) travels as JSON in the entry's local extra field
 (id ``0x7863``), so the local headers alone can rebuild the catalog and the central
 directory. A 304 revalidation becomes an empty ``<key[:2]>/<key>.revisit`` entry.
 
-A file being written ends in ``.zip.open``; ``zipfile`` cannot open it until
-:meth:`ZipFormat.repair` (run on start by :func:`crawler.storage.store.recover`) has
-cut a partial entry and written the central directory.
+A file being written has a ``.zip.writing`` marker beside it; ``zipfile`` cannot open
+it until it is closed or :meth:`ZipFormat.repair` (run on start by
+:func:`crawler.storage.store.recover`) has cut a partial entry and written the central
+directory. Each entry is readable at its row's offset and length meanwhile.
 
 Longer than the project's other modules on purpose: a format is one module (writer,
 reader, indexer, repair), so that adding one touches the registry and one new file.
@@ -429,23 +430,23 @@ class ZipFormat(ArchiveFormat):
         except ArchiveError as exc:
             scan.problems.append(f"{exc}; the entries after it are not indexed")
 
-    def repair(self, open_path: Path, data_dir: Path) -> Repair:
+    def repair(self, path: Path, data_dir: Path) -> Repair:
         """A partial entry is cut off (kept beside the file as ``<name>.cut-<time>``)
         and the central directory written; the complete entries are returned as rows."""
-        closed = closed_name(open_path)
+        closed = closed_name(path)
         relpath = os.path.relpath(closed, data_dir)
         out = Indexed()
         entries: list[Entry] = []
         good_end = 0
         try:
-            for entry, meta, body in iter_entries(open_path):
+            for entry, meta, body in iter_entries(path):
                 index_meta(meta, body, entry, relpath, out)
                 entries.append(entry)
                 good_end = entry.end
         except ArchiveError:
             pass
         cut_file = None
-        with open(open_path, "r+b") as f:
+        with open(path, "r+b") as f:
             size = f.seek(0, os.SEEK_END)
             f.seek(good_end)
             # A central directory cut short is rewritten, not kept.
@@ -456,7 +457,7 @@ class ZipFormat(ArchiveFormat):
             f.write(central_directory(entries, good_end))
             f.flush()
             os.fsync(f.fileno())
-        finish_repair(open_path, closed)
+        finish_repair(path, closed)
         return Repair(closed, len(entries), size - good_end if cut_file else 0, cut_file, out)
 
 

@@ -106,6 +106,16 @@ class WriterProcess:
         if self.error is not None:
             raise StoreError(self.error)
 
+    def check(self) -> None:
+        """Raise :class:`StoreError` if the process failed or is gone (a poll, cheap
+        enough for a timer of the crawl's)."""
+        if self._fd is None or self.summary is not None:
+            return
+        self._check()
+        if not self.alive:
+            self.error = f"the archive writer process exited unexpectedly ({self._proc.returncode})"
+            raise StoreError(self.error)
+
     def _send_msg(self, msg) -> None:
         # An error is looked for every CHECK_EVERY messages (a poll is a system call);
         # a writer that died meanwhile makes the send itself fail.

@@ -22,10 +22,12 @@ for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import resource  # noqa: E402
+import sqlite3  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
+from crawler.storage.holders import catalog_locked_message  # noqa: E402
 from crawler.storage.store import Store, StoreConfig  # noqa: E402
 from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame  # noqa: E402
 
@@ -33,6 +35,7 @@ from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_fr
 # while it stays empty. The pipe and the ring hold much more than the crawl sends in
 # the longer one.
 IDLE_SLEEP = (0.001, 0.02)
+RESUMES = "rows committed so far are intact, the next run repairs the archive and resumes"
 
 
 def _yield_to_crawl() -> None:
@@ -63,6 +66,9 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         return  # the crawl ended before its storage opened
     assert op == "open" and isinstance(config, StoreConfig), op
     try:
+        # Held until this process exits, after the crawl if it dies first: the next
+        # run waits for it (DataDirLock).
+        config.datadir.lock().hold_for_writer()
         store = Store(config)
     except Exception as exc:
         answer("error", f"cannot open the store in {config.data_dir}: {exc}")
@@ -100,14 +106,19 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 answer("closed", summary)
                 return
     except OSError as exc:
-        where = store.archive.path if store.archive.name else config.data_dir
-        answer(
-            "error",
-            f"writing {where} failed: {exc.strerror or exc}; rows committed so far "
-            "are intact, the next run repairs the archive and resumes",
-        )
+        where = exc.filename or (store.archive.path if store.archive.name else config.data_dir)
+        answer("error", f"writing {where} failed: {exc.strerror or exc}; {RESUMES}")
+    except sqlite3.OperationalError as exc:
+        answer("error", catalog_failure(config.datadir.catalog_path, exc))
     except Exception:
         answer("error", "the store failed:\n" + traceback.format_exc())
+
+
+def catalog_failure(path, exc: sqlite3.OperationalError) -> str:
+    """One line on why the catalog could not be written, and what to do."""
+    if "locked" in str(exc) or "busy" in str(exc):
+        return catalog_locked_message(path)
+    return f"writing the catalog {path} failed: {exc}; {RESUMES}"
 
 
 def main(argv: list[str]) -> None:

@@ -42,7 +42,7 @@ bad[mid : mid + 16] = b"\xff" * 16
 z = ZipWriter(tmp / "z", tmp, prefix="sample")
 zrows = [z.write_fetch(fetch(n)) for n in range(3)]
 z.abandon()
-zp = z.open_path
+zp = z.path
 zdata = zp.read_bytes()
 (out / "killed.zip.open").write_bytes(zdata[: zrows[2].offset + zrows[2].length - 10])
 print([(r.offset, r.length) for r in rows], mid, [(r.offset, r.length) for r in zrows])
