@@ -20,7 +20,9 @@ from crawler.storage.actionlog import ActionLog
 from crawler.storage.batch import BatchWriter
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from crawler.storage.errors import StoreError
 from crawler.storage.formats.base import Repair
+from crawler.storage.items import ItemStore, PageItems
 from crawler.storage.records import Fetch, Row, Touch, header, warc_date
 
 
@@ -35,6 +37,8 @@ class StoreConfig:
     flush_seconds: float = 5.0
     rollover_seconds: float = 0.0
     format: str = formats.DEFAULT  # a name in crawler.storage.formats.FORMATS
+    # Hold each row until its page's items arrive, and commit them together.
+    items: bool = False
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -107,6 +111,10 @@ class Store:
             flush_seconds=config.flush_seconds,
             before_commit=self.archive.flush,
         )
+        self.items: ItemStore | None = None
+        if config.items:
+            self.items = ItemStore(self.batch.upsert, self.catalog.conn)
+            self.batch.add_writes(self.items)
         self.stored = 0
         self.refreshed = 0
         self.bytes = 0
@@ -120,11 +128,23 @@ class Store:
             if self._log is None:
                 self._log = ActionLog(self.datadir.action_log_path)
             self._log.write(**action)
-        self.batch.upsert(row)
+        if self.items is not None:
+            self.items.hold(row)
+        else:
+            self.batch.upsert(row)
         self.stored += 1
         self.bytes += row.bytes
         self._maybe_roll()
         return row
+
+    def page_items(self, page: PageItems) -> None:
+        """A page's items: committed with its row (held since ``put``)."""
+        if self.items is None:
+            raise StoreError("this store was opened without items (StoreConfig.items)")
+        self.items.done(page)
+        if self.batch.due():
+            self.batch.flush()
+        self._maybe_roll()
 
     def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         """A 304: refresh validators and time; no new body."""
@@ -139,7 +159,9 @@ class Store:
         self._maybe_roll()
 
     def _maybe_roll(self) -> None:
-        if self.archive.needs_rollover():
+        # A file is closed only once no held row points into it: a kill then leaves it
+        # open, and the next run indexes its records (crawler/storage/items.py).
+        if self.archive.needs_rollover() and not (self.items and self.items.held):
             self.batch.flush()
             self.archive.close()
 
@@ -160,7 +182,16 @@ class Store:
         if self._log is not None:
             self._log.close()
 
-    def close(self) -> dict:
+    def close(self, complete: bool = True) -> dict:
+        """Commit and close. ``complete=False`` (the crawl died): rows still waiting
+        for their items are dropped, so that their pages are fetched again."""
+        if self.items is not None and self.items.held:
+            if not complete:
+                # Their records stay in a file left open, indexed by the next run.
+                self.batch.flush()
+                self.abandon()
+                return {}
+            self.items.release_held()
         self.batch.flush()
         self.archive.close()
         self.catalog.close()
@@ -171,5 +202,6 @@ class Store:
             "refreshed": self.refreshed,
             "bytes": self.bytes,
             "rows_committed": self.batch.committed,
+            "items": self.items.items if self.items is not None else 0,
             "archives": [str(p) for p in self.archive.closed_files],
         }

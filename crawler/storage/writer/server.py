@@ -86,13 +86,15 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 msg = reader.recv()
             except EOFError:
                 # The crawl died: keep what reached us (a message cut short is dropped).
-                store.close()
+                store.close(complete=False)
                 return
             op = msg[0]
             if op == "put":
                 store.put(msg[1], msg[2])
             elif op == "touch":
                 store.touch(msg[1], msg[2])
+            elif op == "items":
+                store.page_items(msg[1])
             elif op == "close":
                 summary = store.close()
                 usage = resource.getrusage(resource.RUSAGE_SELF)

@@ -1,0 +1,104 @@
+"""Items land in tables of the catalog database, read back with plain sqlite3."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.test import get_crawler
+
+from tests.checks import actions, catalog_rows
+from tests.conftest import project_settings, write_urls
+from tests.item_spiders import ItemsSpider
+
+
+def query(data_dir, sql: str, params=()) -> list[tuple]:
+    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def columns(data_dir, table: str) -> dict[str, str]:
+    return {r[1]: r[2] for r in query(data_dir, f"PRAGMA table_info({table})")}
+
+
+async def crawl(data_dir, url_file, **kwargs):
+    crawler = get_crawler(ItemsSpider, project_settings(data_dir))
+    await crawler.crawl_async(urls=str(url_file), **kwargs)
+    return crawler
+
+
+@deferred_f_from_coro_f
+async def test_items_of_every_kind_land_in_their_tables(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(5)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    await crawl(data_dir, url_file)
+    rows = catalog_rows(data_dir)
+    assert len(rows) == 5
+    key_of = {row.url: key for key, row in rows.items()}
+
+    # scrapy.Item: snake_case class name; declared type; meta columns.
+    assert columns(data_dir, "page_item") == {
+        "_key": "TEXT",
+        "_seq": "INTEGER",
+        "_spider": "TEXT",
+        "_parsed_at": "TEXT",
+        "url": "TEXT",
+        "title": "TEXT",
+        "words": "INTEGER",
+    }
+    got = query(data_dir, "SELECT _key, _seq, _spider, url, title FROM page_item")
+    assert sorted(got) == sorted((key_of[u], 0, "items", u, f"Page {u[-6]}") for u in urls)
+
+    # dict: the spider's table, nested values as JSON text.
+    for _key, url, meta in query(data_dir, "SELECT _key, url, meta FROM items"):
+        assert key_of[url] == _key
+        assert json.loads(meta) == {"status": 200, "tags": ["a", "b"]}
+
+    # dataclass: one row per link, _seq after the two items before them.
+    for url in urls:
+        html = site.payload(url[len(site.base_url) :]).decode()
+        got = query(
+            data_dir,
+            "SELECT _seq, position, anchors FROM link_out WHERE _key = ? ORDER BY _seq",
+            (key_of[url],),
+        )
+        assert len(got) == html.count("<a ") > 1
+        assert [(s, p) for s, p, _ in got] == [(2 + p, p) for p in range(len(got))]
+        assert all(len(json.loads(a)) == 1 for _, _, a in got)
+
+    # catalog_table and a natural key.
+    pk = query(data_dir, "SELECT name FROM pragma_table_info('pages_by_url') WHERE pk > 0")
+    assert pk == [("url",)]
+    assert {u for (u,) in query(data_dir, "SELECT url FROM pages_by_url")} == set(urls)
+
+
+@deferred_f_from_coro_f
+async def test_a_new_field_adds_a_column_and_a_bad_value_is_reported(site, tmp_path, data_dir):
+    first = [f"{site.base_url}/page/{n}.html" for n in range(3)]
+    await crawl(data_dir, write_urls(tmp_path / "a.txt", first))
+    assert "length" not in columns(data_dir, "items")
+
+    second = [f"{site.base_url}/page/{n}.html" for n in range(3, 7)]
+    crawler = await crawl(
+        data_dir, write_urls(tmp_path / "b.txt", second), variant="extra", bad="/5."
+    )
+    assert "length" in columns(data_dir, "items")
+    got = dict(query(data_dir, "SELECT url, length FROM items"))
+    assert set(got) == set(first + second) - {second[2]}
+    assert [got[u] for u in first] == [None] * 3
+    assert all(got[u] > 0 for u in second if u != second[2])
+
+    # The bad page's other items are kept, and the crawl went on.
+    bad_key = {row.url: k for k, row in catalog_rows(data_dir).items()}[second[2]]
+    assert query(data_dir, "SELECT url FROM page_item WHERE _key = ?", (bad_key,)) == [(second[2],)]
+    assert len(catalog_rows(data_dir)) == 7
+    errors = [e for e in actions(data_dir) if e["outcome"] == "item_error"]
+    assert len(errors) == 1 and errors[0]["key"] == bad_key
+    message = errors[0]["error"]
+    for part in ("'items'", "dict", "'meta'", second[2], "object"):
+        assert part in message, message
+    assert crawler.stats.get_value("items/errors") == 1
