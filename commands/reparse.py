@@ -34,8 +34,9 @@ class Command(ScrapyCommand):
     def long_desc(self) -> str:
         return (
             "Rebuild each stored response selected from the catalog and run the spider's "
-            "callback on it; items go to -o FILE (jsonl, json, csv, xml or parquet, from "
-            "the extension). Nothing is fetched: requests the callback yields are counted "
+            "callback on it. Items replace each page's items of the spider in the item "
+            "tables of the catalog database, or go to -o FILE (jsonl, json, csv, xml or "
+            "parquet, from the extension) instead. Nothing is fetched: requests the callback yields are counted "
             "and dropped. Exit status 1 when records were skipped or callbacks raised."
         )
 
@@ -51,7 +52,7 @@ class Command(ScrapyCommand):
             "-o",
             "--output",
             metavar="FILE",
-            help="write items here (.jsonl .json .csv .xml .parquet)",
+            help="write items here (.jsonl .json .csv .xml .parquet) instead of the item tables",
         )
         parser.add_argument(
             "--workers", type=int, default=0, metavar="N", help="processes (default: all cores)"
@@ -108,8 +109,9 @@ class Command(ScrapyCommand):
             print(line, file=sys.stderr)
         if summary.exit_code:
             print(
-                f"error: {summary.skipped} records skipped and {summary.callback_errors} "
-                "callback exceptions (see the messages above)",
+                f"error: {summary.skipped} records skipped, {summary.callback_errors} "
+                f"callback exceptions and {summary.item_errors} items not stored "
+                "(see the messages above)",
                 file=sys.stderr,
             )
         self.exitcode = summary.exit_code

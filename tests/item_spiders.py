@@ -41,7 +41,7 @@ class ByUrl(scrapy.Item):
 class ItemsSpider(scrapy.Spider):
     """One PageItem, one dict with nested values and a LinkOut per link, per page.
 
-    ``-a variant=extra``: the dict gains a field. ``-a bad=SUBSTRING``: on pages whose
+    ``-a variant=extra``: the dict gains a field; ``-a variant=v2``: that, and no links. ``-a bad=SUBSTRING``: on pages whose
     URL contains it, the dict holds a value no column can store.
     """
 
@@ -62,11 +62,13 @@ class ItemsSpider(scrapy.Spider):
         title = response.css("title::text").get()
         yield PageItem(url=response.url, title=title, words=len(response.text.split()))
         record = {"url": response.url, "meta": {"status": response.status, "tags": ["a", "b"]}}
-        if self.variant == "extra":
+        if self.variant in ("extra", "v2"):
             record["length"] = len(response.body)
         if self.bad and self.bad in response.url:
             record["meta"] = object()
         yield record
+        if self.variant == "v2":
+            return
         for position, href in enumerate(response.css("a::attr(href)").getall()):
             yield LinkOut(response.url, response.urljoin(href), position, [href])
         yield ByUrl(url=response.url, size=len(response.body))

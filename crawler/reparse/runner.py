@@ -22,11 +22,14 @@ from pathlib import Path
 from itemadapter import is_item
 from scrapy import Request
 
+from crawler.itemrows import ItemFieldError, item_row
 from crawler.reparse.feeds import ItemFileWriter
 from crawler.reparse.plan import ReparseConfig, ReparseError, Task, plan, select_rows
 from crawler.reparse.responses import build_response
 from crawler.storage import formats
+from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
+from crawler.storage.items import ItemTableWriter, PageItems
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,7 @@ class TaskResult:
     stats: Counter
     problems: list[Problem]
     records: int
+    pages: list[PageItems] = field(default_factory=list)  # into the item tables
 
 
 @dataclass
@@ -63,8 +67,12 @@ class Summary:
         return self.stats["reparse/errors/callback"]
 
     @property
+    def item_errors(self) -> int:
+        return self.stats["reparse/errors/item"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.skipped or self.callback_errors else 0
+        return 1 if self.skipped or self.callback_errors or self.item_errors else 0
 
     def lines(self) -> list[str]:
         rate = self.records / self.seconds if self.seconds else 0.0
@@ -75,7 +83,8 @@ class Summary:
             f"responses not passed to the callback for their status (as in a crawl): "
             f"{self.stats['reparse/filtered_status']:,}",
             f"errors: {self.skipped:,} corrupt or truncated records skipped, "
-            f"{self.callback_errors:,} callback exceptions",
+            f"{self.callback_errors:,} callback exceptions, "
+            f"{self.item_errors:,} items that could not be stored",
         ]
         if self.output is not None:
             out.append(f"output: {self.output}")
@@ -88,8 +97,17 @@ class Summary:
 class Reparser:
     """One process's spider and callback; :meth:`run_task` parses one byte range."""
 
-    def __init__(self, spider_name: str, callback: str, spider_args: dict, settings: dict):
+    def __init__(
+        self,
+        spider_name: str,
+        callback: str,
+        spider_args: dict,
+        settings: dict,
+        tables: bool = False,
+    ):
         self.spider = make_spider(spider_name, spider_args, settings)
+        # Items become rows here, on the workers' cores; the parent only writes them.
+        self.tables = tables
         self._set_allowed_statuses()
         self.callback_name = callback
         self.callback = getattr(self.spider, callback, None)
@@ -116,6 +134,7 @@ class Reparser:
         stats: Counter = Counter()
         problems: list[Problem] = []
         items: list = []
+        result = TaskResult(items, stats, problems, len(task.rows))
         try:
             with open(task.path, "rb") as f:
                 f.seek(task.start)
@@ -124,7 +143,7 @@ class Reparser:
             for row in task.rows:
                 problems.append(Problem("corrupt", f"{task.path}: offset {row[5]}: {exc}"))
             stats["reparse/errors/corrupt"] += len(task.rows)
-            return TaskResult(items, stats, problems, len(task.rows))
+            return result
         fmt = formats.for_path(task.path)
         for key, url, _final_url, method, fetched_at, offset, length in task.rows:
             start = offset - task.start
@@ -155,10 +174,33 @@ class Reparser:
             }
             request = Request(url, method=method, meta=meta, dont_filter=True)
             response = build_response(stored, request, flags=["cached"])
-            self._run_callback(response, key, url, items, stats, problems)
-        return TaskResult(items, stats, problems, len(task.rows))
+            if not self.tables:
+                self._run_callback(response, key, url, items, stats, problems)
+                continue
+            page_items: list = []
+            if self._run_callback(response, key, url, page_items, stats, problems):
+                result.pages.append(self._page(key, url, page_items, stats, problems))
+        return result
 
-    def _run_callback(self, response, key, url, items, stats, problems) -> None:
+    def _page(self, key, url, items, stats, problems) -> PageItems:
+        rows = []
+        for item in items:
+            try:
+                rows.append(item_row(item, self.spider.name))
+            except ItemFieldError as exc:
+                stats["reparse/errors/item"] += 1
+                problems.append(
+                    Problem(
+                        "item",
+                        f"item not stored: spider {self.spider.name!r}, item class "
+                        f"{type(item).__name__}, field {exc.field!r}, page {url}: {exc}",
+                    )
+                )
+        parsed_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return PageItems(key, self.spider.name, rows, parsed_at, replace=True)
+
+    def _run_callback(self, response, key, url, items, stats, problems) -> bool:
+        """Run the callback; False when it raised (its page's stored items are kept)."""
         try:
             for out in iterate(self.callback(response)):
                 if isinstance(out, Request):
@@ -175,6 +217,8 @@ class Reparser:
                     f"{type(exc).__name__}: {exc}",
                 )
             )
+            return False
+        return True
 
 
 def iterate(result):
@@ -210,10 +254,10 @@ def make_spider(name: str, spider_args: dict, overrides: dict):
 _worker: Reparser | None = None
 
 
-def _init_worker(spider_name, callback, spider_args, settings) -> None:
+def _init_worker(spider_name, callback, spider_args, settings, tables) -> None:
     global _worker
     logging.getLogger("scrapy").setLevel(logging.WARNING)
-    _worker = Reparser(spider_name, callback, spider_args, settings)
+    _worker = Reparser(spider_name, callback, spider_args, settings, tables)
 
 
 def _run_in_worker(task: Task) -> TaskResult:
@@ -270,6 +314,7 @@ class Reparse:
         tasks = plan(selection, config.data_dir, config.chunk_rows)
         summary = Summary()
         writer = ItemFileWriter(config.output) if config.output else None
+        tables = ItemTableWriter(DataDir(config.data_dir).catalog_path) if writer is None else None
         progress = Progress(total, self.progress_stream)
         done = 0
         try:
@@ -282,7 +327,9 @@ class Reparse:
                 if writer is not None:
                     for item in result.items:
                         writer.write(item)
-                summary.items += len(result.items)
+                    summary.items += len(result.items)
+                else:
+                    summary.items += tables.write(result.pages)
                 errors = summary.skipped + summary.callback_errors
                 progress.update(done, errors)
             progress.update(done, summary.skipped + summary.callback_errors, final=True)
@@ -290,6 +337,9 @@ class Reparse:
             if writer is not None:
                 writer.abort()
             raise
+        finally:
+            if tables is not None:
+                tables.close()
         if writer is not None:
             summary.output = writer.close()
         summary.records = summary.stats["reparse/records"]
@@ -299,7 +349,13 @@ class Reparse:
 
     def _results(self, tasks: Iterator[Task], total: int) -> Iterator[TaskResult]:
         config = self.config
-        init = (config.spider, config.callback, config.spider_args, config.settings)
+        init = (
+            config.spider,
+            config.callback,
+            config.spider_args,
+            config.settings,
+            config.output is None,
+        )
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
         if workers == 1:
             reparser = Reparser(*init)

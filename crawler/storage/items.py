@@ -19,6 +19,8 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from crawler.storage.catalog import Catalog
+
 logger = logging.getLogger(__name__)
 
 PAGES_TABLE = "_item_pages"
@@ -157,7 +159,12 @@ class ItemTables:
             return
         for column in missing:
             decl = f"{quote(column)} {types[column]}".rstrip()
-            self.conn.execute(f"ALTER TABLE {quote(row.table)} ADD COLUMN {decl}")
+            try:
+                self.conn.execute(f"ALTER TABLE {quote(row.table)} ADD COLUMN {decl}")
+            except sqlite3.OperationalError as exc:
+                # Another process (a crawl, a re-parse) added it meanwhile.
+                if "duplicate column" not in str(exc):
+                    raise
             known.add(column)
 
     def replace(self, page: PageItems) -> int:
@@ -188,6 +195,24 @@ class ItemTables:
             (page.key, page.spider, json.dumps(list(tables)), len(page.rows), page.parsed_at),
         )
         return len(page.rows)
+
+
+class ItemTableWriter:
+    """Replaces pages' items outside a crawl (``scrapy reparse``): one transaction per
+    call, so a page has its old items or its new ones."""
+
+    def __init__(self, catalog_path):
+        self.catalog = Catalog(catalog_path)
+        self.tables = ItemTables(self.catalog.conn)
+
+    def write(self, pages: list[PageItems]) -> int:
+        if not pages:
+            return 0
+        with self.catalog.transaction():
+            return sum(self.tables.replace(page) for page in pages)
+
+    def close(self) -> None:
+        self.catalog.close()
 
 
 class ItemStore:
