@@ -68,3 +68,42 @@ def test_reparse_twice_gives_the_same_tables_and_a_fix_replaces_items(site, tmp_
     reparse(data_dir, "-o", str(out))
     assert len(out.read_text().splitlines()) == sum(len(t) - 1 for t in crawled.values())
     assert dump(data_dir) == fixed
+
+
+def catalog(data_dir, *args):
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "catalog", *args, "-s", f"DATA_DIR={data_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=crawl_env(),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_item_tables_are_listed_and_exported_with_their_types(site, tmp_path, data_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(6)]
+    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir, *MODULES, spider="items")
+    assert result.returncode == 0, result.stderr[-3000:]
+    stats = catalog(data_dir, "stats")
+    for table, rows in (("page_item", 6), ("items", 6), ("pages_by_url", 6)):
+        assert any(line.split()[:2] == [table, str(rows)] for line in stats.splitlines()), stats
+
+    out = tmp_path / "page_item.parquet"
+    catalog(data_dir, "export", "--table", "page_item", "--format", "parquet", "-o", str(out))
+    table = pq.read_table(out)
+    assert table.num_rows == 6
+    assert table.schema.field("words").type == pa.int64()
+    assert table.schema.field("title").type == pa.string()
+    assert pa.types.is_timestamp(table.schema.field("_parsed_at").type)
+    assert sorted(table.column("url").to_pylist()) == sorted(urls)
+
+    for fmt in ("csv", "jsonl"):
+        out = tmp_path / f"items.{fmt}"
+        catalog(data_dir, "export", "--table", "items", "--format", fmt, "-o", str(out))
+        assert len(out.read_text().splitlines()) == 6 + (fmt == "csv")
