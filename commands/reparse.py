@@ -15,6 +15,7 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
 from crawler.reparse.feeds import FeedFormatError, check_output
+from crawler.reparse.follow import Follow
 from crawler.reparse.plan import ReparseConfig, ReparseError
 from crawler.reparse.runner import Reparse
 from crawler.storage.datadir import DataDir
@@ -62,6 +63,19 @@ class Command(ScrapyCommand):
         )
         parser.add_argument("--limit", type=int, metavar="N", help="at most N records")
         parser.add_argument(
+            "--follow",
+            action="store_true",
+            help="parse each page a running crawl commits, into the item tables, until "
+            "stopped (Ctrl-C, SIGTERM); its position is kept across restarts",
+        )
+        parser.add_argument(
+            "--until-idle",
+            type=float,
+            metavar="SECONDS",
+            help="--follow: stop once no crawl holds the data directory and nothing new "
+            "came for SECONDS",
+        )
+        parser.add_argument(
             "-a",
             dest="spargs",
             action="append",
@@ -85,6 +99,14 @@ class Command(ScrapyCommand):
                 check_output(opts.output)
             except FeedFormatError as exc:
                 raise UsageError(str(exc), print_help=False) from None
+        if opts.follow and (opts.output or opts.where or opts.limit is not None or opts.archive):
+            raise UsageError(
+                "--follow writes into the item tables and reads every page the crawl "
+                "commits: no -o, --where, --limit or --archive",
+                print_help=False,
+            )
+        if opts.until_idle is not None and not opts.follow:
+            raise UsageError("--until-idle goes with --follow", print_help=False)
         if opts.limit is not None and opts.limit < 0:
             raise UsageError("--limit takes a number of 0 or more", print_help=False)
         config = ReparseConfig(
@@ -99,6 +121,9 @@ class Command(ScrapyCommand):
             spider_args=opts.spargs,
             settings=overrides(self.settings),
         )
+        if opts.follow:
+            self._follow(config, opts.until_idle)
+            return
         try:
             summary = Reparse(config).run()
         except (ReparseError, CatalogError) as exc:
@@ -115,6 +140,17 @@ class Command(ScrapyCommand):
                 file=sys.stderr,
             )
         self.exitcode = summary.exit_code
+
+    def _follow(self, config: ReparseConfig, until_idle: float | None) -> None:
+        try:
+            summary = Follow(config, until_idle).run()
+        except (ReparseError, CatalogError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1
+            return
+        for line in summary.lines():
+            print(line, file=sys.stderr)
+        self.exitcode = 1 if summary.problems else 0
 
 
 def overrides(settings) -> dict:

@@ -35,6 +35,7 @@ class _Page:
     key: str
     url: str
     replace: bool
+    log: bool = False
     rows: list[ItemRow] = field(default_factory=list)
     outstanding: int = 0
     exhausted: bool = False
@@ -75,7 +76,9 @@ class ItemPagesMiddleware:
         key = meta.get("catalog_key")
         if key is None or self.session is None:
             return None
-        return _Page(key, response.url, CACHED_FLAG in response.flags)
+        return _Page(
+            key, response.url, CACHED_FLAG in response.flags, bool(meta.get("catalog_recovered"))
+        )
 
     def _owns(self, page: _Page, out) -> bool:
         if isinstance(out, Request):
@@ -143,7 +146,7 @@ class ItemPagesMiddleware:
         if not page.exhausted or page.outstanding:
             return
         parsed_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        items = PageItems(page.key, self.spider_name, page.rows, parsed_at, page.replace)
+        items = PageItems(page.key, self.spider_name, page.rows, parsed_at, page.replace, page.log)
         try:
             self.session.page_items(items)
         except StoreError as exc:
@@ -174,7 +177,12 @@ class ItemPagesMiddleware:
             Request(
                 row.url,
                 dont_filter=True,
-                meta={"catalog_replay": True, "catalog_key": row.key, "catalog_url": row.url},
+                meta={
+                    "catalog_replay": True,
+                    "catalog_recovered": True,
+                    "catalog_key": row.key,
+                    "catalog_url": row.url,
+                },
             )
             for row in todo
         ]

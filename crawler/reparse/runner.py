@@ -29,6 +29,7 @@ from crawler.reparse.responses import build_response
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
+from crawler.storage.formats.base import OPEN_SUFFIX
 from crawler.storage.items import ItemTableWriter, PageItems
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,7 @@ class Reparser:
         items: list = []
         result = TaskResult(items, stats, problems, len(task.rows))
         try:
-            with open(task.path, "rb") as f:
+            with open_archive(task.path) as f:
                 f.seek(task.start)
                 data = f.read(task.end - task.start)
         except OSError as exc:
@@ -221,6 +222,16 @@ class Reparser:
         return True
 
 
+def open_archive(path: str):
+    """``path``, or the same file under its other name: a file being written is
+    renamed from its ``.open`` name when it closes, maybe since it was looked up."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        other = path.removesuffix(OPEN_SUFFIX) if path.endswith(OPEN_SUFFIX) else path + OPEN_SUFFIX
+        return open(other, "rb")
+
+
 def iterate(result):
     if result is None:
         return ()
@@ -254,13 +265,13 @@ def make_spider(name: str, spider_args: dict, overrides: dict):
 _worker: Reparser | None = None
 
 
-def _init_worker(spider_name, callback, spider_args, settings, tables) -> None:
+def init_worker(spider_name, callback, spider_args, settings, tables) -> None:
     global _worker
     logging.getLogger("scrapy").setLevel(logging.WARNING)
     _worker = Reparser(spider_name, callback, spider_args, settings, tables)
 
 
-def _run_in_worker(task: Task) -> TaskResult:
+def run_in_worker(task: Task) -> TaskResult:
     return _worker.run_task(task)
 
 
@@ -364,11 +375,11 @@ class Reparse:
             return
         Reparser(*init)  # fail fast on a bad spider or callback, before any process starts
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
+        with ctx.Pool(workers, initializer=init_worker, initargs=init) as pool:
             # A few tasks in flight per worker: memory stays bounded, results in order.
             pending: deque = deque()
             for task in tasks:
-                pending.append(pool.apply_async(_run_in_worker, (task,)))
+                pending.append(pool.apply_async(run_in_worker, (task,)))
                 if len(pending) >= workers * 4:
                     yield pending.popleft().get()
             while pending:

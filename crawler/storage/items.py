@@ -24,6 +24,9 @@ from crawler.storage.catalog import Catalog
 logger = logging.getLogger(__name__)
 
 PAGES_TABLE = "_item_pages"
+# Pages in the order their rows were committed by a crawl (a follower's position).
+PAGE_LOG = "_page_log"
+FOLLOW_TABLE = "_follow_progress"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 TYPES = ("INTEGER", "REAL", "TEXT", "BLOB", "")
 PAGES_SQL = f"""
@@ -34,6 +37,17 @@ CREATE TABLE IF NOT EXISTS {PAGES_TABLE} (
     items INTEGER NOT NULL,
     parsed_at TEXT NOT NULL,
     PRIMARY KEY (_key, _spider)
+)"""
+PAGE_LOG_SQL = f"""
+CREATE TABLE IF NOT EXISTS {PAGE_LOG} (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    _key TEXT NOT NULL
+)"""
+FOLLOW_SQL = f"""
+CREATE TABLE IF NOT EXISTS {FOLLOW_TABLE} (
+    spider TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    pages INTEGER NOT NULL
 )"""
 
 
@@ -81,6 +95,7 @@ class PageItems:
     rows: list[ItemRow]
     parsed_at: str
     replace: bool = False
+    log: bool = False  # a row indexed by a recovery: new to followers too
 
 
 def quote(name: str) -> str:
@@ -125,6 +140,11 @@ class ItemTables:
         self.conn = conn
         self._columns: dict[str, set[str]] = {}
         conn.execute(PAGES_SQL)
+        conn.execute(PAGE_LOG_SQL)
+
+    def log_pages(self, keys: list[str]) -> None:
+        """Append pages whose rows this transaction commits to the page log."""
+        self.conn.executemany(f"INSERT INTO {PAGE_LOG} (_key) VALUES (?)", [(k,) for k in keys])
 
     def columns(self, table: str) -> set[str]:
         known = self._columns.get(table)
@@ -205,11 +225,37 @@ class ItemTableWriter:
         self.catalog = Catalog(catalog_path)
         self.tables = ItemTables(self.catalog.conn)
 
-    def write(self, pages: list[PageItems]) -> int:
-        if not pages:
+    def write(self, pages: list[PageItems], follow: tuple[str, int, int] | None = None) -> int:
+        """Replace ``pages``' items; ``follow``: (spider, page log position reached,
+        pages read), saved in the same transaction so a follower resumes exactly
+        after them."""
+        if not pages and follow is None:
             return 0
         with self.catalog.transaction():
-            return sum(self.tables.replace(page) for page in pages)
+            n = sum(self.tables.replace(page) for page in pages)
+            if follow is not None:
+                self.catalog.conn.execute(FOLLOW_SQL)
+                self.catalog.conn.execute(
+                    f"INSERT INTO {FOLLOW_TABLE} VALUES (?, ?, ?) ON CONFLICT (spider) "
+                    "DO UPDATE SET seq = excluded.seq, pages = pages + excluded.pages",
+                    follow,
+                )
+        return n
+
+    def follow_position(self, spider: str) -> int:
+        """The page log position a follower of ``spider`` reached (0: none)."""
+        self.catalog.conn.execute(FOLLOW_SQL)
+        got = self.catalog.conn.execute(
+            f"SELECT seq FROM {FOLLOW_TABLE} WHERE spider = ?", (spider,)
+        ).fetchone()
+        return got[0] if got else 0
+
+    def logged_rows(self, after: int, limit: int) -> list[tuple[int, str]]:
+        """(seq, key) of the pages logged after position ``after``, in order."""
+        return self.catalog.conn.execute(
+            f"SELECT seq, _key FROM {PAGE_LOG} WHERE seq > ? ORDER BY seq LIMIT ?",
+            (after, limit),
+        ).fetchall()
 
     def close(self) -> None:
         self.catalog.close()
@@ -229,12 +275,13 @@ class ItemStore:
         self._tables: ItemTables | None = None
         self.held: dict[str, object] = {}
         self._ready: list[PageItems] = []
+        self._new: list[str] = []  # keys whose rows go in the next batch
         self.items = 0
         self.dropped_pages = 0
 
     @property
     def pending(self) -> int:
-        return len(self._ready)
+        return len(self._ready) + len(self._new)
 
     def hold(self, row) -> None:
         self.held[row.key] = row
@@ -248,22 +295,27 @@ class ItemStore:
             return
         # Ready before the row is queued: a batch that fills up with it commits both.
         self._ready.append(page)
+        if row is not None or page.log:
+            self._new.append(page.key)
         if row is not None:
             self._upsert(row)
 
     def write(self) -> None:
         """Write the ready pages' items (inside the catalog's transaction)."""
-        if not self._ready:
+        if not self.pending:
             return
         if self._tables is None:
             self._tables = ItemTables(self._conn)
         for page in self._ready:
             self.items += self._tables.replace(page)
+        self._tables.log_pages(self._new)
         self._ready.clear()
+        self._new.clear()
 
     def release_held(self) -> int:
         """Queue the rows still held (their callbacks never reported) without items."""
         held, self.held = self.held, {}
+        self._new.extend(held)
         for row in held.values():
             self._upsert(row)
         if held:
