@@ -129,7 +129,7 @@ class WriterProcess:
 
     def page_items(self, page: PageItems) -> None:
         """A page's items, committed with its row (StoreConfig.items)."""
-        self._send_msg(("items", page))
+        self._send_msg(("items", page.to_wire()))
 
     @property
     def alive(self) -> bool:

@@ -26,6 +26,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
+from crawler.storage.items import PageItems  # noqa: E402
 from crawler.storage.store import Store, StoreConfig  # noqa: E402
 from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame  # noqa: E402
 
@@ -94,7 +95,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
             elif op == "touch":
                 store.touch(msg[1], msg[2])
             elif op == "items":
-                store.page_items(msg[1])
+                store.page_items(PageItems.from_wire(msg[1]))
             elif op == "close":
                 summary = store.close()
                 usage = resource.getrusage(resource.RUSAGE_SELF)
