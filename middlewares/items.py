@@ -52,7 +52,9 @@ class ItemPagesMiddleware:
             raise NotConfigured("ARCHIVE_ENABLED is off: items have no catalog to go to")
         self.crawler = crawler
         self.stats = crawler.stats
-        self._owner: dict[int, _Page] = {}
+        # id(item) -> the pages that yielded it and whose item has not left the
+        # pipelines yet (a list: one object may be yielded more than once).
+        self._owner: dict[int, list[_Page]] = {}
         self.session = None
         self.spider_name = ""
 
@@ -83,7 +85,7 @@ class ItemPagesMiddleware:
     def _owns(self, page: _Page, out) -> bool:
         if isinstance(out, Request):
             return False
-        self._owner[id(out)] = page
+        self._owner.setdefault(id(out), []).append(page)
         page.outstanding += 1
         return True
 
@@ -120,13 +122,17 @@ class ItemPagesMiddleware:
 
     def page_of(self, item) -> _Page | None:
         """The page ``item`` came from (None: not from a stored page's callback)."""
-        return self._owner.get(id(item))
+        pages = self._owner.get(id(item))
+        return pages[0] if pages else None
 
     def item_stored(self, item, row: ItemRow | None) -> None:
         """The catalog pipeline's word on ``item``: its row, or None (not storable)."""
-        page = self._owner.pop(id(item), None)
-        if page is None:
+        pages = self._owner.get(id(item))
+        if not pages:
             return
+        page = pages.pop(0)
+        if not pages:
+            del self._owner[id(item)]
         if row is not None:
             page.rows.append(row)
         page.outstanding -= 1
