@@ -102,3 +102,27 @@ async def test_a_new_field_adds_a_column_and_a_bad_value_is_reported(site, tmp_p
     for part in ("'items'", "dict", "'meta'", second[2], "object"):
         assert part in message, message
     assert crawler.stats.get_value("items/errors") == 1
+
+
+def test_the_example_spiders_fill_product_and_page_summary(site, tmp_path, data_dir):
+    from tests.conftest import run_crawl
+
+    numbers = [3, 14, 21]
+    urls = [f"{site.base_url}/product/{n}.html" for n in numbers]
+    result = run_crawl(write_urls(tmp_path / "p.txt", urls), data_dir, spider="products")
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = query(
+        data_dir, "SELECT sku, price, old_price, category, colors FROM product ORDER BY sku"
+    )
+    expected = [site.product(n) for n in numbers]
+    assert got == [
+        (p["sku"], p["price"], p["old_price"], json.dumps(p["category"]), json.dumps(p["colors"]))
+        for p in expected
+    ]
+    assert columns(data_dir, "product")["price"] == "REAL"
+
+    pages = [f"{site.base_url}/page/{n}.html" for n in range(4)]
+    result = run_crawl(write_urls(tmp_path / "s.txt", pages), data_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = query(data_dir, "SELECT url, status, title FROM page_summary ORDER BY url")
+    assert got == sorted((u, 200, f"Page {u[-6]}") for u in pages)
