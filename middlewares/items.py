@@ -156,7 +156,9 @@ class ItemPagesMiddleware:
         try:
             self.session.page_items(items)
         except StoreError as exc:
-            logger.error("Items of %s not stored: %s", page.url, exc)
+            # The archive middleware reports the writer's failure and stops the crawl.
+            logger.debug("Items of %s not stored: %s", page.url, exc)
+            self.stats.inc_value("items/pages_not_stored")
             return
         self.stats.inc_value("items/pages_reported")
 
