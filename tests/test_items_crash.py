@@ -122,3 +122,25 @@ def test_kill_minus_9_of_the_crawl_alone_then_the_next_run_at_once(
         os.kill(proc.pid, signal.SIGKILL)  # the writer process lives on, and ends
         proc.wait(timeout=60)
     finish(site, url_file, data_dir)
+
+
+def test_a_full_disk_keeps_pages_and_items_together(site, url_file, tmp_path, data_dir):
+    import resource
+
+    def limit_file_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+
+    # Writes fail as on a full disk, in the archive or in the catalog's WAL, whichever first.
+    result = subprocess.run(
+        crawl_command(url_file, data_dir, *ARGS, spider="items"),
+        cwd=ROOT,
+        env=crawl_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        preexec_fn=limit_file_size,
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert 0 < assert_pages_have_exactly_their_items(site, data_dir) < PAGES
+    finish(site, url_file, data_dir)
