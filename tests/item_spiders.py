@@ -47,11 +47,12 @@ class ItemsSpider(scrapy.Spider):
 
     name = "items"
 
-    def __init__(self, urls: str, variant: str = "", bad: str = "", **kwargs):
+    def __init__(self, urls: str, variant: str = "", bad: str = "", fail: str = "", **kwargs):
         super().__init__(**kwargs)
         self.url_list = UrlList(urls)
         self.variant = variant or os.environ.get("ITEMS_VARIANT", "")
         self.bad = bad
+        self.fail = fail  # on pages whose URL contains it, raise after the first item
 
     async def start(self):
         for _number, url, problem in self.url_list:
@@ -61,6 +62,8 @@ class ItemsSpider(scrapy.Spider):
     def parse(self, response):
         title = response.css("title::text").get()
         yield PageItem(url=response.url, title=title, words=len(response.text.split()))
+        if self.fail and self.fail in response.url:
+            raise ValueError("the parser broke")
         record = {"url": response.url, "meta": {"status": response.status, "tags": ["a", "b"]}}
         if self.variant in ("extra", "v2"):
             record["length"] = len(response.body)

@@ -126,3 +126,16 @@ def test_the_example_spiders_fill_product_and_page_summary(site, tmp_path, data_
     assert result.returncode == 0, result.stderr[-3000:]
     got = query(data_dir, "SELECT url, status, title FROM page_summary ORDER BY url")
     assert got == sorted((u, 200, f"Page {u[-6]}") for u in pages)
+
+
+@deferred_f_from_coro_f
+async def test_a_failing_callback_releases_its_page_with_the_items_before(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(4)]
+    crawler = await crawl(data_dir, write_urls(tmp_path / "urls.txt", urls), fail="/2.")
+    rows = catalog_rows(data_dir)
+    assert len(rows) == 4
+    broken = {row.url: k for k, row in rows.items()}[urls[2]]
+    assert query(data_dir, "SELECT _key FROM page_item WHERE _key = ?", (broken,)) == [(broken,)]
+    assert query(data_dir, "SELECT count(*) FROM items WHERE _key = ?", (broken,)) == [(0,)]
+    assert query(data_dir, "SELECT count(*) FROM items") == [(3,)]
+    assert crawler.stats.get_value("items/pages_reported") == 4
