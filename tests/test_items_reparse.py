@@ -6,6 +6,7 @@ import contextlib
 import sqlite3
 import subprocess
 import sys
+import time
 
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.test_items_crash import TABLES
@@ -107,3 +108,39 @@ def test_item_tables_are_listed_and_exported_with_their_types(site, tmp_path, da
         out = tmp_path / f"items.{fmt}"
         catalog(data_dir, "export", "--table", "items", "--format", fmt, "-o", str(out))
         assert len(out.read_text().splitlines()) == 6 + (fmt == "csv")
+
+
+def test_pages_answered_from_the_archive_replace_their_items(site, tmp_path, data_dir):
+    starts = [f"{site.base_url}/page/{n}.html" for n in range(3)]
+    url_file = write_urls(tmp_path / "urls.txt", starts)
+    result = run_crawl(url_file, data_dir, "-a", "depth=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    first = dump_table(data_dir, "page_summary")
+    before = parsed_at(data_dir, starts)
+    # _parsed_at counts seconds: the next run's must differ.
+    time.sleep(1.05 - time.time() % 1)
+    result = run_crawl(url_file, data_dir, "-a", "depth=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # The start pages were answered from the archive and parsed again: their items
+    # replaced (newer), none added.
+    after = parsed_at(data_dir, starts)
+    assert all(after[url] > before[url] for url in starts), (before, after)
+    assert dump_table(data_dir, "page_summary") == first
+    keys = [row[0] for row in first[1:]]
+    assert len(keys) == len(set(keys)) > 3
+
+
+def parsed_at(data_dir, urls) -> dict[str, str]:
+    path = data_dir / "metadata.db"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        marks = ", ".join("?" * len(urls))
+        sql = f"SELECT url, _parsed_at FROM page_summary WHERE url IN ({marks})"
+        return dict(conn.execute(sql, urls).fetchall())
+
+
+def dump_table(data_dir, table: str) -> list[tuple]:
+    path = data_dir / "metadata.db"
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "_parsed_at"]
+        sql = f"SELECT {', '.join(cols)} FROM {table} ORDER BY _key, _seq"
+        return [tuple(cols)] + conn.execute(sql).fetchall()
