@@ -12,6 +12,7 @@ is renamed to its closed name only after the rows pointing into it are committed
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,6 +116,7 @@ class Store:
         if config.items:
             self.items = ItemStore(self.batch.upsert, self.catalog.conn)
             self.batch.add_writes(self.items)
+        self._roll_due: float | None = None
         self.stored = 0
         self.refreshed = 0
         self.bytes = 0
@@ -159,11 +161,21 @@ class Store:
         self._maybe_roll()
 
     def _maybe_roll(self) -> None:
-        # A file is closed only once no held row points into it: a kill then leaves it
-        # open, and the next run indexes its records (crawler/storage/items.py).
-        if self.archive.needs_rollover() and not (self.items and self.items.held):
-            self.batch.flush()
-            self.archive.close()
+        # A file is closed once no held row points into it, so that a kill leaves it
+        # open and the next run indexes its records (crawler/storage/items.py); but
+        # not later than CATALOG_FLUSH_SECONDS past its time (at worst, a kill then
+        # costs a page fetched again).
+        if not self.archive.needs_rollover():
+            self._roll_due = None
+            return
+        if self.items and self.items.held:
+            now = time.monotonic()
+            self._roll_due = self._roll_due or now
+            if now - self._roll_due < self.config.flush_seconds:
+                return
+        self._roll_due = None
+        self.batch.flush()
+        self.archive.close()
 
     def tick(self) -> None:
         """Commit a batch whose time is up, and roll over a file whose time is up
