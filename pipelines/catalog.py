@@ -24,6 +24,8 @@ class CatalogPipeline:
     def __init__(self, crawler):
         if not crawler.settings.getbool("CATALOG_ITEMS_ENABLED"):
             raise NotConfigured("CATALOG_ITEMS_ENABLED is off")
+        if not crawler.settings.getbool("ARCHIVE_ENABLED", True):
+            raise NotConfigured("ARCHIVE_ENABLED is off: items have no catalog to go to")
         self.crawler = crawler
         self.stats = crawler.stats
         self.pages: ItemPagesMiddleware | None = None
@@ -40,7 +42,7 @@ class CatalogPipeline:
         self.pages = self.crawler.get_spider_middleware(ItemPagesMiddleware)
         if self.pages is None:
             logger.warning(
-                "CatalogPipeline stores nothing: %s is not among SPIDER_MIDDLEWARES",
+                "CatalogPipeline stores nothing: add %s to SPIDER_MIDDLEWARES",
                 "middlewares.items.ItemPagesMiddleware",
             )
 
