@@ -69,6 +69,14 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
             wait_until(lambda p=pages: followed(data_dir) >= p, f"{pages} pages followed")
             kill_group(proc, signal.SIGKILL)
             at_kill.append(followed(data_dir))
+        # SIGTERM: it finishes the batch in hand and exits cleanly.
+        proc = follower(data_dir, tmp_path / "follow-term.log")
+        wait_until(
+            lambda: followed(data_dir) > at_kill[-1] or followed(data_dir) == PAGES,
+            "more pages followed",
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "follow-term.log").read_text()[-3000:]
         last = follower(data_dir, tmp_path / "follow-last.log", "--until-idle", "1")
         assert crawl.wait(timeout=300) == 0
         assert last.wait(timeout=300) == 0, (tmp_path / "follow-last.log").read_text()[-3000:]
@@ -79,7 +87,7 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
     assert at_kill[0] < PAGES, at_kill  # killed while the crawl was still going
     rows = catalog_rows(data_dir)
     assert len(rows) == PAGES
-    # Each page read once across the three followers, and its items there.
+    # Each page read once across the four followers, and its items there.
     assert followed(data_dir) == PAGES
     path = data_dir / "metadata.db"
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
