@@ -139,3 +139,41 @@ async def test_a_failing_callback_releases_its_page_with_the_items_before(site, 
     assert query(data_dir, "SELECT count(*) FROM items WHERE _key = ?", (broken,)) == [(0,)]
     assert query(data_dir, "SELECT count(*) FROM items") == [(3,)]
     assert crawler.stats.get_value("items/pages_reported") == 4
+
+
+@deferred_f_from_coro_f
+async def test_merged_catalogs_keep_the_items_of_the_newest_fetch(site, tmp_path):
+    from crawler.storage.itemmerge import prune_items
+    from crawler.tools.rebuild import merge_catalogs
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(8)]
+    await crawl(a, write_urls(tmp_path / "a.txt", urls[:5]))
+    await crawl(b, write_urls(tmp_path / "b.txt", urls[3:]), variant="extra")
+    out = tmp_path / "merged"
+    out.mkdir()
+    merge_catalogs([a / "metadata.db", b / "metadata.db"], out / "metadata.db")
+
+    rows = catalog_rows(out)
+    assert len(rows) == 8
+    got = dict(query(out, "SELECT url, length FROM items"))
+    # Pages 3 and 4 were fetched again by b: its items (with the new column) won.
+    assert set(got) == set(urls)
+    assert [got[u] is None for u in urls] == [True] * 3 + [False] * 5
+    for table in ("page_item", "pages_by_url", "items"):
+        keys = [k for (k,) in query(out, f"SELECT _key FROM {table}")]
+        assert sorted(keys) == sorted(rows), table
+    links = query(out, "SELECT _key, count(*), count(DISTINCT _seq) FROM link_out GROUP BY _key")
+    assert {k for k, _, _ in links} == set(rows) and all(n == d for _, n, d in links)
+    assert query(out, "SELECT count(*) FROM _item_pages") == [(8,)]
+
+    # A shipped copy trimmed of rows loses those pages' items too.
+    conn = sqlite3.connect(out / "metadata.db", isolation_level=None)
+    try:
+        conn.execute("DELETE FROM artifacts WHERE url = ?", (urls[0],))
+        assert prune_items(conn) > 0
+    finally:
+        conn.close()
+    gone = {row.url: k for k, row in rows.items()}[urls[0]]
+    for table in ("page_item", "items", "link_out", "pages_by_url", "_item_pages"):
+        assert query(out, f"SELECT count(*) FROM {table} WHERE _key = ?", (gone,)) == [(0,)]
