@@ -8,7 +8,9 @@ a page has a row with all of its items, or neither (and is fetched again).
 Tables are created on demand, outside the catalog's numbered migrations: their
 columns are the items' fields, which only the spiders know. ``_item_pages`` records,
 per page and spider, which tables hold its items, so that parsing a page again
-replaces them wherever they are.
+replaces them wherever they are; ``_page_log`` numbers the pages in the order a crawl
+committed their rows, and ``_follow_progress`` is how far each ``reparse --follow``
+has read it (crawler/reparse/follow.py).
 """
 
 from __future__ import annotations
