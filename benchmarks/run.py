@@ -13,6 +13,7 @@ SECTIONS = [
     ("Re-parse and random access", "benchmarks.bench_reparse"),
     ("JS rendering (Chromium, 200 pages)", "benchmarks.bench_render"),
     ("Crawl report from a 1,000,000-line action log", "benchmarks.bench_report"),
+    ("Item tables: writer, pipeline, --follow", "benchmarks.bench_items"),
 ]
 
 

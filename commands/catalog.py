@@ -5,6 +5,7 @@
     scrapy catalog rebuild [-o OUT.db]
     scrapy catalog merge A.db B.db ... -o OUT.db
     scrapy catalog export --format parquet|csv [-o FILE]
+    scrapy catalog export --table NAME --format parquet|csv|jsonl [-o FILE]
     scrapy catalog index [-o OUT.cdxj]
     scrapy catalog wacz OUT.wacz
     scrapy catalog report [-o report.html] [--watch SECONDS]
@@ -25,6 +26,7 @@ from scrapy.exceptions import UsageError
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
 from crawler.tools.export import EXPORT_FORMATS, export_catalog
+from crawler.tools.item_export import TABLE_FORMATS, export_table, item_table_lines
 from crawler.tools.rebuild import Rebuild, merge_catalogs
 from crawler.tools.scan import ToolError
 from crawler.tools.stats import catalog_stats
@@ -56,7 +58,8 @@ class Command(ScrapyCommand):
             "stored is missing from the catalog (--fix drops bad rows so their URLs are "
             "fetched again, and indexes missing records). rebuild: a new catalog from the "
             "archives alone (default DATA_DIR/metadata.rebuilt.db). merge: one catalog from "
-            "several, the newest fetch winning. export: the catalog as Parquet or CSV. "
+            "several, the newest fetch winning. export: the catalog as Parquet or CSV, or "
+            "with --table NAME an item table as Parquet, CSV or JSON lines. "
             "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ. "
             "report: an HTML page of plots (-o report.html; --watch SECONDS rewrites it)."
         )
@@ -67,8 +70,12 @@ class Command(ScrapyCommand):
         parser.add_argument("--fix", action="store_true", help="verify: repair what it finds")
         parser.add_argument("--yes", action="store_true", help="verify --fix: do not ask")
         parser.add_argument(
-            "--format", choices=EXPORT_FORMATS, default="parquet", help="export format"
+            "--format",
+            choices=sorted({*EXPORT_FORMATS, *TABLE_FORMATS}),
+            default="parquet",
+            help="export format (jsonl: item tables only)",
         )
+        parser.add_argument("--table", metavar="NAME", help="export: this item table")
         parser.add_argument("--title", help="wacz: the collection's title")
         parser.add_argument("--watch", type=float, metavar="SECONDS", help="report: rewrite it")
 
@@ -86,6 +93,7 @@ class Command(ScrapyCommand):
 
     def do_stats(self, rest, opts) -> int:
         _print(catalog_stats(self.data_dir).lines())
+        _print(item_table_lines(self.data_dir))
         return 0
 
     def do_verify(self, rest, opts) -> int:
@@ -119,6 +127,12 @@ class Command(ScrapyCommand):
         return 0
 
     def do_export(self, rest, opts) -> int:
+        if opts.table:
+            name = f"{opts.table}.{opts.format}"
+            output = Path(opts.output or self.datadir.derived_dir / name)
+            n = export_table(self.data_dir, opts.table, opts.format, output)
+            print(f"exported {n:,} rows of {opts.table} to {output}")
+            return 0
         output = Path(opts.output or self.datadir.derived_dir / f"catalog.{opts.format}")
         n = export_catalog(self.data_dir, opts.format, output)
         print(f"exported {n:,} rows to {output}")

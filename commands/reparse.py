@@ -15,6 +15,7 @@ from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
 from crawler.reparse.feeds import FeedFormatError, check_output
+from crawler.reparse.follow import Follow
 from crawler.reparse.plan import ReparseConfig, ReparseError
 from crawler.reparse.runner import Reparse
 from crawler.storage.datadir import DataDir
@@ -34,8 +35,9 @@ class Command(ScrapyCommand):
     def long_desc(self) -> str:
         return (
             "Rebuild each stored response selected from the catalog and run the spider's "
-            "callback on it; items go to -o FILE (jsonl, json, csv, xml or parquet, from "
-            "the extension). Nothing is fetched: requests the callback yields are counted "
+            "callback on it. Items replace each page's items of the spider in the item "
+            "tables of the catalog database, or go to -o FILE (jsonl, json, csv, xml or "
+            "parquet, from the extension) instead. Nothing is fetched: requests the callback yields are counted "
             "and dropped. Exit status 1 when records were skipped or callbacks raised."
         )
 
@@ -51,7 +53,7 @@ class Command(ScrapyCommand):
             "-o",
             "--output",
             metavar="FILE",
-            help="write items here (.jsonl .json .csv .xml .parquet)",
+            help="write items here (.jsonl .json .csv .xml .parquet) instead of the item tables",
         )
         parser.add_argument(
             "--workers", type=int, default=0, metavar="N", help="processes (default: all cores)"
@@ -60,6 +62,19 @@ class Command(ScrapyCommand):
             "--where", metavar="SQL", help='select catalog rows, e.g. "status = 200"'
         )
         parser.add_argument("--limit", type=int, metavar="N", help="at most N records")
+        parser.add_argument(
+            "--follow",
+            action="store_true",
+            help="parse each page a running crawl commits, into the item tables, until "
+            "stopped (Ctrl-C, SIGTERM); its position is kept across restarts",
+        )
+        parser.add_argument(
+            "--until-idle",
+            type=float,
+            metavar="SECONDS",
+            help="--follow: stop once no crawl holds the data directory and nothing new "
+            "came for SECONDS",
+        )
         parser.add_argument(
             "-a",
             dest="spargs",
@@ -84,6 +99,14 @@ class Command(ScrapyCommand):
                 check_output(opts.output)
             except FeedFormatError as exc:
                 raise UsageError(str(exc), print_help=False) from None
+        if opts.follow and (opts.output or opts.where or opts.limit is not None or opts.archive):
+            raise UsageError(
+                "--follow writes into the item tables and reads every page the crawl "
+                "commits: no -o, --where, --limit or --archive",
+                print_help=False,
+            )
+        if opts.until_idle is not None and not opts.follow:
+            raise UsageError("--until-idle goes with --follow", print_help=False)
         if opts.limit is not None and opts.limit < 0:
             raise UsageError("--limit takes a number of 0 or more", print_help=False)
         config = ReparseConfig(
@@ -98,6 +121,9 @@ class Command(ScrapyCommand):
             spider_args=opts.spargs,
             settings=overrides(self.settings),
         )
+        if opts.follow:
+            self._follow(config, opts.until_idle)
+            return
         try:
             summary = Reparse(config).run()
         except (ReparseError, CatalogError) as exc:
@@ -108,11 +134,23 @@ class Command(ScrapyCommand):
             print(line, file=sys.stderr)
         if summary.exit_code:
             print(
-                f"error: {summary.skipped} records skipped and {summary.callback_errors} "
-                "callback exceptions (see the messages above)",
+                f"error: {summary.skipped} records skipped, {summary.callback_errors} "
+                f"callback exceptions and {summary.item_errors} items not stored "
+                "(see the messages above)",
                 file=sys.stderr,
             )
         self.exitcode = summary.exit_code
+
+    def _follow(self, config: ReparseConfig, until_idle: float | None) -> None:
+        try:
+            summary = Follow(config, until_idle).run()
+        except (ReparseError, CatalogError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1
+            return
+        for line in summary.lines():
+            print(line, file=sys.stderr)
+        self.exitcode = 1 if summary.problems else 0
 
 
 def overrides(settings) -> dict:

@@ -116,6 +116,15 @@ SPIDER_MIDDLEWARES = {
     # Next to the spider: a stored start request is dropped before Scrapy's own
     # spider middlewares (referer, URL length, depth) spend time on it.
     "middlewares.resume.ResumeSpiderMiddleware": 1010,
+    # Next to the engine: it must see every item that reaches the item pipelines.
+    "middlewares.items.ItemPagesMiddleware": 1,
+}
+
+# Every item goes to a table of the catalog database, committed with its page's row
+# (pipelines/catalog.py; README: "Parsing, and parsing again"). Keep it last.
+CATALOG_ITEMS_ENABLED = True
+ITEM_PIPELINES = {
+    "pipelines.catalog.CatalogPipeline": 1000,
 }
 
 EXTENSIONS = {

@@ -30,6 +30,7 @@ from pathlib import Path
 from crawler.storage.catalog import keep_archives
 from crawler.storage.datadir import DataDir
 from crawler.storage.formats.base import fsync_dir
+from crawler.storage.itemmerge import prune_items
 from crawler.tools.rebuild import merge_catalogs
 from crawler.tools.stats import catalog_stats
 
@@ -112,6 +113,7 @@ class Shipper:
             # mode, and a shipped catalog is one self-contained file.
             dest.execute("PRAGMA journal_mode=DELETE")
             held_back = keep_archives(dest, self.shipped)
+            prune_items(dest)
             rows = dest.execute("SELECT count(*) FROM artifacts").fetchone()[0]
         finally:
             src.close()

@@ -22,11 +22,15 @@ from pathlib import Path
 from itemadapter import is_item
 from scrapy import Request
 
+from crawler.itemrows import ItemFieldError, item_row
 from crawler.reparse.feeds import ItemFileWriter
 from crawler.reparse.plan import ReparseConfig, ReparseError, Task, plan, select_rows
 from crawler.reparse.responses import build_response
 from crawler.storage import formats
+from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
+from crawler.storage.formats.base import OPEN_SUFFIX
+from crawler.storage.items import ItemTableWriter, PageItems
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +47,7 @@ class TaskResult:
     stats: Counter
     problems: list[Problem]
     records: int
+    pages: list[PageItems] = field(default_factory=list)  # into the item tables
 
 
 @dataclass
@@ -63,8 +68,12 @@ class Summary:
         return self.stats["reparse/errors/callback"]
 
     @property
+    def item_errors(self) -> int:
+        return self.stats["reparse/errors/item"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.skipped or self.callback_errors else 0
+        return 1 if self.skipped or self.callback_errors or self.item_errors else 0
 
     def lines(self) -> list[str]:
         rate = self.records / self.seconds if self.seconds else 0.0
@@ -75,7 +84,8 @@ class Summary:
             f"responses not passed to the callback for their status (as in a crawl): "
             f"{self.stats['reparse/filtered_status']:,}",
             f"errors: {self.skipped:,} corrupt or truncated records skipped, "
-            f"{self.callback_errors:,} callback exceptions",
+            f"{self.callback_errors:,} callback exceptions, "
+            f"{self.item_errors:,} items that could not be stored",
         ]
         if self.output is not None:
             out.append(f"output: {self.output}")
@@ -88,8 +98,17 @@ class Summary:
 class Reparser:
     """One process's spider and callback; :meth:`run_task` parses one byte range."""
 
-    def __init__(self, spider_name: str, callback: str, spider_args: dict, settings: dict):
+    def __init__(
+        self,
+        spider_name: str,
+        callback: str,
+        spider_args: dict,
+        settings: dict,
+        tables: bool = False,
+    ):
         self.spider = make_spider(spider_name, spider_args, settings)
+        # Items become rows here, on the workers' cores; the parent only writes them.
+        self.tables = tables
         self._set_allowed_statuses()
         self.callback_name = callback
         self.callback = getattr(self.spider, callback, None)
@@ -116,15 +135,16 @@ class Reparser:
         stats: Counter = Counter()
         problems: list[Problem] = []
         items: list = []
+        result = TaskResult(items, stats, problems, len(task.rows))
         try:
-            with open(task.path, "rb") as f:
+            with open_archive(task.path) as f:
                 f.seek(task.start)
                 data = f.read(task.end - task.start)
         except OSError as exc:
             for row in task.rows:
                 problems.append(Problem("corrupt", f"{task.path}: offset {row[5]}: {exc}"))
             stats["reparse/errors/corrupt"] += len(task.rows)
-            return TaskResult(items, stats, problems, len(task.rows))
+            return result
         fmt = formats.for_path(task.path)
         for key, url, _final_url, method, fetched_at, offset, length in task.rows:
             start = offset - task.start
@@ -155,10 +175,33 @@ class Reparser:
             }
             request = Request(url, method=method, meta=meta, dont_filter=True)
             response = build_response(stored, request, flags=["cached"])
-            self._run_callback(response, key, url, items, stats, problems)
-        return TaskResult(items, stats, problems, len(task.rows))
+            if not self.tables:
+                self._run_callback(response, key, url, items, stats, problems)
+                continue
+            page_items: list = []
+            if self._run_callback(response, key, url, page_items, stats, problems):
+                result.pages.append(self._page(key, url, page_items, stats, problems))
+        return result
 
-    def _run_callback(self, response, key, url, items, stats, problems) -> None:
+    def _page(self, key, url, items, stats, problems) -> PageItems:
+        rows = []
+        for item in items:
+            try:
+                rows.append(item_row(item, self.spider.name))
+            except ItemFieldError as exc:
+                stats["reparse/errors/item"] += 1
+                problems.append(
+                    Problem(
+                        "item",
+                        f"item not stored: spider {self.spider.name!r}, item class "
+                        f"{type(item).__name__}, field {exc.field!r}, page {url}: {exc}",
+                    )
+                )
+        parsed_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return PageItems(key, self.spider.name, rows, parsed_at, replace=True)
+
+    def _run_callback(self, response, key, url, items, stats, problems) -> bool:
+        """Run the callback; False when it raised (its page's stored items are kept)."""
         try:
             for out in iterate(self.callback(response)):
                 if isinstance(out, Request):
@@ -175,6 +218,18 @@ class Reparser:
                     f"{type(exc).__name__}: {exc}",
                 )
             )
+            return False
+        return True
+
+
+def open_archive(path: str):
+    """``path``, or the same file under its other name: a file being written is
+    renamed from its ``.open`` name when it closes, maybe since it was looked up."""
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        other = path.removesuffix(OPEN_SUFFIX) if path.endswith(OPEN_SUFFIX) else path + OPEN_SUFFIX
+        return open(other, "rb")
 
 
 def iterate(result):
@@ -210,13 +265,13 @@ def make_spider(name: str, spider_args: dict, overrides: dict):
 _worker: Reparser | None = None
 
 
-def _init_worker(spider_name, callback, spider_args, settings) -> None:
+def init_worker(spider_name, callback, spider_args, settings, tables) -> None:
     global _worker
     logging.getLogger("scrapy").setLevel(logging.WARNING)
-    _worker = Reparser(spider_name, callback, spider_args, settings)
+    _worker = Reparser(spider_name, callback, spider_args, settings, tables)
 
 
-def _run_in_worker(task: Task) -> TaskResult:
+def run_in_worker(task: Task) -> TaskResult:
     return _worker.run_task(task)
 
 
@@ -270,6 +325,7 @@ class Reparse:
         tasks = plan(selection, config.data_dir, config.chunk_rows)
         summary = Summary()
         writer = ItemFileWriter(config.output) if config.output else None
+        tables = ItemTableWriter(DataDir(config.data_dir).catalog_path) if writer is None else None
         progress = Progress(total, self.progress_stream)
         done = 0
         try:
@@ -282,7 +338,9 @@ class Reparse:
                 if writer is not None:
                     for item in result.items:
                         writer.write(item)
-                summary.items += len(result.items)
+                    summary.items += len(result.items)
+                else:
+                    summary.items += tables.write(result.pages)
                 errors = summary.skipped + summary.callback_errors
                 progress.update(done, errors)
             progress.update(done, summary.skipped + summary.callback_errors, final=True)
@@ -290,6 +348,9 @@ class Reparse:
             if writer is not None:
                 writer.abort()
             raise
+        finally:
+            if tables is not None:
+                tables.close()
         if writer is not None:
             summary.output = writer.close()
         summary.records = summary.stats["reparse/records"]
@@ -299,7 +360,13 @@ class Reparse:
 
     def _results(self, tasks: Iterator[Task], total: int) -> Iterator[TaskResult]:
         config = self.config
-        init = (config.spider, config.callback, config.spider_args, config.settings)
+        init = (
+            config.spider,
+            config.callback,
+            config.spider_args,
+            config.settings,
+            config.output is None,
+        )
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
         if workers == 1:
             reparser = Reparser(*init)
@@ -308,11 +375,11 @@ class Reparse:
             return
         Reparser(*init)  # fail fast on a bad spider or callback, before any process starts
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(workers, initializer=_init_worker, initargs=init) as pool:
+        with ctx.Pool(workers, initializer=init_worker, initargs=init) as pool:
             # A few tasks in flight per worker: memory stays bounded, results in order.
             pending: deque = deque()
             for task in tasks:
-                pending.append(pool.apply_async(_run_in_worker, (task,)))
+                pending.append(pool.apply_async(run_in_worker, (task,)))
                 if len(pending) >= workers * 4:
                     yield pending.popleft().get()
             while pending:

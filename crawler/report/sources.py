@@ -157,7 +157,8 @@ def normalise_type(value: str | None) -> str:
 
 
 def read_item_tables(conn: sqlite3.Connection) -> dict[str, ItemTable]:
-    """Every table besides artifacts and totals that has a ``_key`` column."""
+    """Every table besides artifacts and totals that has a ``_key`` column (those
+    named ``_...`` are the item tables' bookkeeping: crawler/storage/items.py)."""
     names = [
         row[0]
         for row in conn.execute(
@@ -167,7 +168,7 @@ def read_item_tables(conn: sqlite3.Connection) -> dict[str, ItemTable]:
     ]
     tables = {}
     for name in names:
-        if name in CATALOG_TABLES:
+        if name in CATALOG_TABLES or name.startswith("_"):
             continue
         columns = {row[1] for row in conn.execute(f"PRAGMA table_info({quote(name)})")}
         if "_key" not in columns:

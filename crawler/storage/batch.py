@@ -41,6 +41,12 @@ class BatchWriter:
         self._touches: list[tuple] = []
         self._since = time.monotonic()
         self.committed = 0
+        # Writes committed in each batch's transaction (item tables: crawler/storage/items.py).
+        self._extra: list = []
+
+    def add_writes(self, source) -> None:
+        """Commit ``source.write()`` in every batch; ``source.pending`` counts toward it."""
+        self._extra.append(source)
 
     def __enter__(self) -> BatchWriter:
         return self
@@ -50,7 +56,7 @@ class BatchWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._upserts) + len(self._touches)
+        return len(self._upserts) + len(self._touches) + sum(x.pending for x in self._extra)
 
     def upsert(self, row: Row) -> None:
         # Not dataclasses.astuple: it deep-copies every field (README: Benchmarks).
@@ -77,12 +83,14 @@ class BatchWriter:
             return 0
         if self.before_commit is not None:
             self.before_commit()
-        n = self.pending
+        n = len(self._upserts) + len(self._touches)
         with self.catalog.transaction():
             if self._upserts:
                 self.catalog.upsert_values(self._upserts)
             if self._touches:
                 self.catalog.touch_values(self._touches)
+            for source in self._extra:
+                source.write()
         self._upserts.clear()
         self._touches.clear()
         self._since = time.monotonic()

@@ -71,6 +71,7 @@ class SessionConfig:
                 flush_seconds=_number(settings, "CATALOG_FLUSH_SECONDS", float),
                 rollover_seconds=_number(settings, "ARCHIVE_ROLLOVER_SECONDS", float),
                 format=formats.get(settings.get("ARCHIVE_FORMAT")).name,
+                items=settings.getbool("CATALOG_ITEMS_ENABLED"),
             ),
             store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
             queue_bytes=_number(settings, "ARCHIVE_QUEUE_BYTES", int),
@@ -127,6 +128,7 @@ class StorageSession:
         self.writer: WriterProcess | None = None
         self.catalog: Catalog | CatalogWithSeen | None = None
         self.log: ActionLog | None = None
+        self.recovery: Recovery | None = None  # what open() repaired
         self._lock = self.datadir.lock()
 
     @classmethod
@@ -150,6 +152,10 @@ class StorageSession:
 
     def touch(self, fetch, refers_to_date: str | None = None) -> None:
         """Store a 304: validators and time refreshed, the body kept."""
+        raise StoreError("the storage session is not open")
+
+    def page_items(self, page) -> None:
+        """A page's items (PageItems), committed with the page's row."""
         raise StoreError("the storage session is not open")
 
     # -- life cycle ------------------------------------------------------------------
@@ -187,6 +193,8 @@ class StorageSession:
         self.writer.open(self.config.store)
         self.put = self.writer.put
         self.touch = self.writer.touch
+        self.page_items = self.writer.page_items
+        self.recovery = recovery
         return recovery
 
     def check(self) -> None:
@@ -224,7 +232,7 @@ class StorageSession:
         StoreError when the writer failed, with everything else released.
         """
         writer, self.writer = self.writer, None
-        for name in ("put", "touch", "lookup", "present"):
+        for name in ("put", "touch", "page_items", "lookup", "present"):
             self.__dict__.pop(name, None)
         try:
             return writer.close() if writer is not None else None

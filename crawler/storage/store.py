@@ -12,6 +12,7 @@ loses its ``.writing`` marker only after the rows pointing into it are committed
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from crawler.storage.actionlog import ActionLog
 from crawler.storage.batch import BatchWriter
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from crawler.storage.errors import StoreError
 from crawler.storage.formats.base import Repair
+from crawler.storage.items import ItemStore, PageItems
 from crawler.storage.records import Fetch, Row, Touch, header, warc_date
 
 
@@ -35,6 +38,8 @@ class StoreConfig:
     flush_seconds: float = 5.0
     rollover_seconds: float = 0.0
     format: str = formats.DEFAULT  # a name in crawler.storage.formats.FORMATS
+    # Hold each row until its page's items arrive, and commit them together.
+    items: bool = False
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -112,24 +117,44 @@ class Store:
             before_commit=self.archive.flush,
             after_commit=self._log_committed,
         )
+        self.items: ItemStore | None = None
+        if config.items:
+            self.items = ItemStore(self._queue_row, self.catalog.conn)
+            self.batch.add_writes(self.items)
+        self._roll_due: float | None = None
         self.stored = 0
         self.refreshed = 0
         self.bytes = 0
         self._log: ActionLog | None = None
         self._actions: list[dict] = []  # action lines of rows not yet committed
+        self._held_actions: dict[str, dict] = {}  # those of rows held for their items
 
     def put(self, fetch: Fetch, action: dict | None = None) -> Row:
         """Store a fetch; ``action``: its action-log line (ActionLog.write's arguments),
         written here once its row is committed (a killed run then never logs ``ok``
         for a page it fetches again), and to spare the crawl's thread the work."""
         row = self.archive.write_fetch(fetch)
-        if action is not None:
-            self._actions.append(action)
-        self.batch.upsert(row)
+        if self.items is not None:
+            if action is not None:
+                self._held_actions[row.key] = action
+            self.items.hold(row)
+        else:
+            if action is not None:
+                self._actions.append(action)
+            self.batch.upsert(row)
         self.stored += 1
         self.bytes += row.bytes
         self._maybe_roll()
         return row
+
+    def page_items(self, page: PageItems) -> None:
+        """A page's items: committed with its row (held since ``put``)."""
+        if self.items is None:
+            raise StoreError("this store was opened without items (StoreConfig.items)")
+        self.items.done(page)
+        if self.batch.due():
+            self.batch.flush()
+        self._maybe_roll()
 
     def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         """A 304: refresh validators and time; no new body."""
@@ -142,6 +167,14 @@ class Store:
         )
         self.refreshed += 1
         self._maybe_roll()
+
+    def _queue_row(self, row: Row) -> None:
+        """Queue a row held for its items, with its ``ok`` line (written after the
+        commit of both)."""
+        action = self._held_actions.pop(row.key, None)
+        if action is not None:
+            self._actions.append(action)
+        self.batch.upsert(row)
 
     def _log_committed(self) -> None:
         actions, self._actions = self._actions, []
@@ -157,9 +190,21 @@ class Store:
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
     def _maybe_roll(self) -> None:
-        if self.archive.needs_rollover():
-            self.batch.flush()
-            self.archive.close()
+        # A file is closed once no held row points into it, so that a kill leaves it
+        # open and the next run indexes its records (crawler/storage/items.py); but
+        # not later than CATALOG_FLUSH_SECONDS past its time (at worst, a kill then
+        # costs a page fetched again).
+        if not self.archive.needs_rollover():
+            self._roll_due = None
+            return
+        if self.items and self.items.held:
+            now = time.monotonic()
+            self._roll_due = self._roll_due or now
+            if now - self._roll_due < self.config.flush_seconds:
+                return
+        self._roll_due = None
+        self.batch.flush()
+        self.archive.close()
 
     def tick(self) -> None:
         """Commit a batch whose time is up, and roll over a file whose time is up
@@ -179,7 +224,16 @@ class Store:
         if self._log is not None:
             self._log.close()
 
-    def close(self) -> dict:
+    def close(self, complete: bool = True) -> dict:
+        """Commit and close. ``complete=False`` (the crawl died): rows still waiting
+        for their items are dropped, so that their pages are fetched again."""
+        if self.items is not None and self.items.held:
+            if not complete:
+                # Their records stay in a file left open, indexed by the next run.
+                self.batch.flush()
+                self.abandon()
+                return {}
+            self.items.release_held()
         self.batch.flush()
         self.archive.close()
         self.catalog.close()
@@ -190,5 +244,6 @@ class Store:
             "refreshed": self.refreshed,
             "bytes": self.bytes,
             "rows_committed": self.batch.committed,
+            "items": self.items.items if self.items is not None else 0,
             "archives": [str(p) for p in self.archive.closed_files],
         }

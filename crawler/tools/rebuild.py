@@ -11,6 +11,7 @@ from pathlib import Path
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from crawler.storage.itemmerge import merge_items_from
 from crawler.storage.records import Row
 from crawler.tools.scan import ToolError, newest_rows, scan_archives
 
@@ -87,6 +88,7 @@ def merge_catalogs(inputs: list[Path], output: Path) -> int:
     with Catalog(tmp) as catalog:
         for path in inputs:
             catalog.merge_from(path)
+            merge_items_from(catalog.conn, path)
         n = catalog.count()
     finish_db(tmp, output)
     return n

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from crawler.storage.errors import StoreError
+from crawler.storage.items import PageItems
 from crawler.storage.records import Fetch
 from crawler.storage.store import StoreConfig
 from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame
@@ -135,6 +136,10 @@ class WriterProcess:
 
     def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         self._send_msg(("touch", fetch, refers_to_date))
+
+    def page_items(self, page: PageItems) -> None:
+        """A page's items, committed with its row (StoreConfig.items)."""
+        self._send_msg(("items", page.to_wire()))
 
     @property
     def alive(self) -> bool:

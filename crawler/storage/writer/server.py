@@ -28,6 +28,7 @@ import time  # noqa: E402
 import traceback  # noqa: E402
 
 from crawler.storage.holders import catalog_locked_message  # noqa: E402
+from crawler.storage.items import PageItems  # noqa: E402
 from crawler.storage.store import Store, StoreConfig  # noqa: E402
 from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame  # noqa: E402
 
@@ -92,13 +93,15 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 msg = reader.recv()
             except EOFError:
                 # The crawl died: keep what reached us (a message cut short is dropped).
-                store.close()
+                store.close(complete=False)
                 return
             op = msg[0]
             if op == "put":
                 store.put(msg[1], msg[2])
             elif op == "touch":
                 store.touch(msg[1], msg[2])
+            elif op == "items":
+                store.page_items(PageItems.from_wire(msg[1]))
             elif op == "close":
                 summary = store.close()
                 usage = resource.getrusage(resource.RUSAGE_SELF)

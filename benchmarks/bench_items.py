@@ -1,0 +1,153 @@
+"""Item tables: items/s through the writer process, the products crawl with and
+without the item pipeline, and how far ``reparse --follow`` lags behind a crawl.
+
+``python -m benchmarks.bench_items [--items N] [--pages N] [--runs N]``; figures go in
+the README's benchmark section with the command that measured them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from crawler.storage.items import ItemRow, PageItems
+from crawler.storage.records import Fetch
+from crawler.storage.store import StoreConfig
+from crawler.storage.writer.client import WriterProcess
+from demo.site import DemoSite
+
+ROOT = Path(__file__).resolve().parent.parent
+ITEMS_PER_PAGE = 10
+
+
+def writer_items_per_second(items: int, workdir: Path) -> tuple[float, int]:
+    """Small items (4 fields), 10 per page, each page with its row, through the writer."""
+    pages = items // ITEMS_PER_PAGE
+    writer = WriterProcess(StoreConfig(workdir / "data", items=True))
+    started = time.perf_counter()
+    for n in range(pages):
+        key = f"{n:064x}"
+        url = f"http://example.org/{n}"
+        fetch = Fetch(
+            key=key,
+            url=url,
+            final_url=url,
+            method="GET",
+            request_headers=[],
+            request_body=b"",
+            status=200,
+            response_headers=[("Content-Type", "text/html")],
+            body=b"<html>x</html>",
+        )
+        writer.put(fetch)
+        rows = [
+            ItemRow("bench_item", {"url": url, "position": i, "price": i * 1.5, "tag": "t"})
+            for i in range(ITEMS_PER_PAGE)
+        ]
+        writer.page_items(PageItems(key, "bench", rows, "2026-01-01T00:00:00Z"))
+    summary = writer.close()
+    seconds = time.perf_counter() - started
+    return summary["items"] / seconds, summary["items"]
+
+
+def crawl_seconds(url_file: Path, data_dir: Path, *settings: str) -> float:
+    cmd = [sys.executable, "-m", "scrapy", "crawl", "products", "-a", f"urls={url_file}"]
+    cmd += ["-s", f"DATA_DIR={data_dir}", "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "LOG_LEVEL=WARNING"]
+    cmd += ["-s", "ROBOTSTXT_OBEY=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=32", *settings]
+    started = time.perf_counter()
+    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def pipeline_ratio(site: DemoSite, pages: int, runs: int, workdir: Path) -> tuple[float, float]:
+    urls = workdir / "products.txt"
+    urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
+    with_items, without = [], []
+    for run in range(runs):
+        with_items.append(crawl_seconds(urls, workdir / f"with{run}"))
+        without.append(
+            crawl_seconds(
+                urls,
+                workdir / f"without{run}",
+                "-s",
+                "ITEM_PIPELINES={}",
+                "-s",
+                "CATALOG_ITEMS_ENABLED=0",
+            )
+        )
+    return pages / statistics.median(with_items), pages / statistics.median(without)
+
+
+def follow_lag(site: DemoSite, pages: int, workdir: Path) -> float:
+    """Seconds from the crawl's end until the follower has read every page."""
+    urls = workdir / "follow.txt"
+    urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
+    data = workdir / "follow-data"
+    common = ["-s", f"DATA_DIR={data}", "-s", "LOG_LEVEL=WARNING"]
+    crawl = subprocess.Popen(
+        [sys.executable, "-m", "scrapy", "crawl", "site", "-a", f"urls={urls}", *common]
+        + ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "ROBOTSTXT_OBEY=0"],
+        cwd=ROOT,
+    )
+    time.sleep(0.5)  # the follower waits for the catalog the crawl creates
+    follower = subprocess.Popen(
+        [sys.executable, "-m", "scrapy", "reparse", "products", "--follow", *common], cwd=ROOT
+    )
+    crawl.wait()
+    ended = time.perf_counter()
+    db = data / "metadata.db"
+    try:
+        while True:
+            connect = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+            with contextlib.closing(connect) as conn, contextlib.suppress(sqlite3.OperationalError):
+                (logged,) = conn.execute("SELECT count(*) FROM _page_log").fetchone()
+                got = conn.execute("SELECT pages FROM _follow_progress").fetchone()
+                if got and got[0] >= logged:
+                    return time.perf_counter() - ended
+            time.sleep(0.05)
+    finally:
+        follower.send_signal(signal.SIGTERM)
+        follower.wait()
+
+
+def run(items: int = 200_000, pages: int = 2000, runs: int = 3) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="bench-items-") as tmp:
+        workdir = Path(tmp)
+        rate, stored = writer_items_per_second(items, workdir)
+        lines = [f"writer process: {rate:,.0f} items/s ({stored:,} items, 10 per page)"]
+        site = DemoSite(pages=pages)
+        site.start()
+        try:
+            with_items, without = pipeline_ratio(site, pages, runs, workdir)
+            lines.append(
+                f"products crawl, {pages:,} pages, median of {runs}: {with_items:,.0f} pages/s "
+                f"with the item pipeline, {without:,.0f} without (ratio "
+                f"{with_items / without:.2f})"
+            )
+            lag = follow_lag(site, pages, workdir)
+            lines.append(f"reparse --follow: caught up {lag:.2f} s after the crawl ended")
+        finally:
+            site.stop()
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--items", type=int, default=200_000)
+    parser.add_argument("--pages", type=int, default=2000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    for line in run(args.items, args.pages, args.runs):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""Items as rows of item tables: which table, which columns, which values.
+
+The rule (README: "Parsing, and parsing again"):
+
+- table: the item class's ``catalog_table`` attribute if it has one, else the class
+  name in snake_case (``PageSummary`` -> ``page_summary``); a plain dict goes to a
+  table named after the spider;
+- columns: the item's fields (ItemAdapter's names); a field's ``sqlite_type``
+  metadata (``scrapy.Field(sqlite_type="REAL")``, ``field(metadata={...})``) or else
+  its first value decides the column's type; lists and dicts are stored as JSON text;
+- primary key: ``(_key, _seq)``, or the fields the class names in ``catalog_key``.
+
+Any item type ItemAdapter knows is accepted (scrapy.Item, dataclass, attrs, dict).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from itemadapter import ItemAdapter
+
+from crawler.storage.items import TYPES, ItemRow, ItemValueError, column_value
+
+TYPE_META = "sqlite_type"
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ItemFieldError(ValueError):
+    """An item cannot become a row; ``field`` names the culprit (None: the item)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+def snake_case(name: str) -> str:
+    return _CAMEL.sub("_", name).lower()
+
+
+@lru_cache(maxsize=256)
+def _class_rule(cls: type) -> tuple[str | None, tuple[str, ...], dict[str, str]]:
+    table = getattr(cls, "catalog_table", None)
+    if table is None and not issubclass(cls, dict):
+        table = snake_case(cls.__name__)
+    natural = getattr(cls, "catalog_key", ())
+    if isinstance(natural, str):
+        natural = (natural,)
+    types = {}
+    for name in ItemAdapter.get_field_names_from_class(cls) or ():
+        declared = ItemAdapter.get_field_meta_from_class(cls, name).get(TYPE_META)
+        if declared:
+            declared = str(declared).upper()
+            if declared not in TYPES:
+                raise ItemFieldError(
+                    f"{cls.__name__}.{name}: {TYPE_META}={declared!r} is not one of {TYPES}", name
+                )
+            types[name] = declared
+    return table, tuple(natural), types
+
+
+def table_name(item, spider_name: str) -> str:
+    """The table ``item`` goes to (see the module's docstring)."""
+    return _class_rule(type(item))[0] or spider_name
+
+
+def item_row(item, spider_name: str) -> ItemRow:
+    """``item`` as a row; raises ItemFieldError naming the field that cannot be stored."""
+    table, natural, types = _class_rule(type(item))
+    table = table or spider_name
+    adapter = ItemAdapter(item)
+    values: dict[str, object] = {}
+    for name, value in adapter.items():
+        if not _NAME.match(name) or name.startswith("_"):
+            raise ItemFieldError(
+                f"field name {name!r} is not a column name (letters, digits, _; "
+                "not starting with _)",
+                name,
+            )
+        try:
+            values[name] = column_value(value)
+        except ItemValueError as exc:
+            raise ItemFieldError(str(exc), name) from None
+    missing = [n for n in natural if values.get(n) is None]
+    if missing:
+        raise ItemFieldError(f"natural key field {missing[0]!r} is empty", missing[0])
+    return ItemRow(table, values, types, natural)

@@ -1,0 +1,345 @@
+"""Item tables in the catalog database, written with the rows of their pages.
+
+A page's items cross to the writer process as a :class:`PageItems` once the callback
+that parsed the page is done. :class:`ItemStore` holds the page's catalog row until
+then, so that the row and the items are committed in one transaction: after a kill,
+a page has a row with all of its items, or neither (and is fetched again).
+
+Tables are created on demand, outside the catalog's numbered migrations: their
+columns are the items' fields, which only the spiders know. ``_item_pages`` records,
+per page and spider, which tables hold its items, so that parsing a page again
+replaces them wherever they are; ``_page_log`` numbers the pages in the order a crawl
+committed their rows, and ``_follow_progress`` is how far each ``reparse --follow``
+has read it (crawler/reparse/follow.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from crawler.storage.catalog import Catalog
+
+logger = logging.getLogger(__name__)
+
+PAGES_TABLE = "_item_pages"
+# Pages in the order their rows were committed by a crawl (a follower's position).
+PAGE_LOG = "_page_log"
+FOLLOW_TABLE = "_follow_progress"
+META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
+TYPES = ("INTEGER", "REAL", "TEXT", "BLOB", "")
+PAGES_SQL = f"""
+CREATE TABLE IF NOT EXISTS {PAGES_TABLE} (
+    _key TEXT NOT NULL,
+    _spider TEXT NOT NULL,
+    tables TEXT NOT NULL,
+    items INTEGER NOT NULL,
+    parsed_at TEXT NOT NULL,
+    PRIMARY KEY (_key, _spider)
+)"""
+PAGE_LOG_SQL = f"""
+CREATE TABLE IF NOT EXISTS {PAGE_LOG} (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    _key TEXT NOT NULL
+)"""
+FOLLOW_SQL = f"""
+CREATE TABLE IF NOT EXISTS {FOLLOW_TABLE} (
+    spider TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    pages INTEGER NOT NULL
+)"""
+
+
+def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[str]:
+    """The ones among ``keys`` whose items of ``spider`` are stored."""
+    if not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (PAGES_TABLE,)
+    ).fetchone():
+        return set()
+    found: set[str] = set()
+    for i in range(0, len(keys), 500):
+        chunk = keys[i : i + 500]
+        sql = (
+            f"SELECT _key FROM {PAGES_TABLE} WHERE _spider = ? "
+            f"AND _key IN ({', '.join('?' * len(chunk))})"
+        )
+        found.update(k for (k,) in conn.execute(sql, (spider, *chunk)))
+    return found
+
+
+class ItemValueError(ValueError):
+    """An item field holds a value no column can store."""
+
+
+@dataclass
+class ItemRow:
+    """One item as a table row: plain values, lists and dicts already JSON text."""
+
+    table: str
+    values: dict[str, object]
+    types: dict[str, str] = field(default_factory=dict)  # declared by field metadata
+    natural_key: tuple[str, ...] = ()
+
+
+@dataclass
+class PageItems:
+    """The items one callback yielded for the page of catalog key ``key``.
+
+    ``replace``: the page was answered from the catalog (or is parsed again), so its
+    items replace those stored, whether or not a row of this run goes with them.
+    """
+
+    key: str
+    spider: str
+    rows: list[ItemRow]
+    parsed_at: str
+    replace: bool = False
+    log: bool = False  # a row indexed by a recovery: new to followers too
+
+    def to_wire(self) -> tuple:
+        """Plain tuples: they pickle several times faster than dataclasses."""
+        rows = [(r.table, r.values, r.types, r.natural_key) for r in self.rows]
+        return (self.key, self.spider, rows, self.parsed_at, self.replace, self.log)
+
+    @classmethod
+    def from_wire(cls, wire: tuple) -> PageItems:
+        key, spider, rows, parsed_at, replace, log = wire
+        return cls(key, spider, [ItemRow(*r) for r in rows], parsed_at, replace, log)
+
+
+def quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def column_value(value: object) -> object:
+    """``value`` as SQLite stores it; raises ItemValueError when it cannot be."""
+    if value is None or isinstance(value, (str, float, bytes)):
+        return value
+    if isinstance(value, int):  # bool too
+        if -(1 << 63) <= value < (1 << 63):
+            return int(value)
+        raise ItemValueError(f"integer {value} does not fit in 64 bits")
+    if isinstance(value, (list, tuple, dict)):
+        try:
+            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ItemValueError(f"{type(value).__name__} is not JSON: {exc}") from None
+    raise ItemValueError(
+        f"{type(value).__name__} value {value!r:.60} cannot be stored "
+        "(use str, int, float, bool, bytes, None, or lists and dicts of them)"
+    )
+
+
+def value_type(value: object) -> str:
+    if isinstance(value, int):
+        return "INTEGER"
+    if isinstance(value, float):
+        return "REAL"
+    if isinstance(value, str):
+        return "TEXT"
+    if isinstance(value, bytes):
+        return "BLOB"
+    return ""
+
+
+class ItemTables:
+    """Creates item tables and their columns on demand; replaces a page's items."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+        self._columns: dict[str, set[str]] = {}
+        # INSERT statements by (table, field names), known to have their columns.
+        self._shapes: dict[tuple[str, tuple[str, ...]], str] = {}
+        conn.execute(PAGES_SQL)
+        conn.execute(PAGE_LOG_SQL)
+
+    def log_pages(self, keys: list[str]) -> None:
+        """Append pages whose rows this transaction commits to the page log."""
+        self.conn.executemany(f"INSERT INTO {PAGE_LOG} (_key) VALUES (?)", [(k,) for k in keys])
+
+    def columns(self, table: str) -> set[str]:
+        known = self._columns.get(table)
+        if known is None:
+            rows = self.conn.execute(f"PRAGMA table_info({quote(table)})").fetchall()
+            known = self._columns[table] = {r[1] for r in rows}
+        return known
+
+    def ensure(self, row: ItemRow) -> None:
+        """Create ``row.table``, or add the columns it lacks (ALTER TABLE)."""
+        known = self.columns(row.table)
+        missing = [c for c in row.values if c not in known]
+        if known and not missing:
+            return
+        types = {c: row.types.get(c) or value_type(row.values[c]) for c in row.values}
+        if not known:
+            pk = row.natural_key or ("_key", "_seq")
+            cols = [
+                "_key TEXT NOT NULL",
+                "_seq INTEGER NOT NULL",
+                "_spider TEXT NOT NULL",
+                "_parsed_at TEXT NOT NULL",
+            ]
+            cols += [f"{quote(c)} {types[c]}".rstrip() for c in row.values]
+            cols.append(f"PRIMARY KEY ({', '.join(map(quote, pk))})")
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {quote(row.table)} ({', '.join(cols)})")
+            self.conn.execute(
+                f"CREATE INDEX IF NOT EXISTS {quote(row.table + '_by_key')} "
+                f"ON {quote(row.table)} (_key, _spider)"
+            )
+            known.update(META_COLUMNS, row.values)
+            return
+        for column in missing:
+            decl = f"{quote(column)} {types[column]}".rstrip()
+            try:
+                self.conn.execute(f"ALTER TABLE {quote(row.table)} ADD COLUMN {decl}")
+            except sqlite3.OperationalError as exc:
+                # Another process (a crawl, a re-parse) added it meanwhile.
+                if "duplicate column" not in str(exc):
+                    raise
+            known.add(column)
+
+    @staticmethod
+    def _insert_sql(table: str, fields: tuple[str, ...]) -> str:
+        names = [*META_COLUMNS, *fields]
+        return (
+            f"INSERT OR REPLACE INTO {quote(table)} ({', '.join(map(quote, names))}) "
+            f"VALUES ({', '.join('?' * len(names))})"
+        )
+
+    def replace(self, page: PageItems) -> int:
+        """Delete the page's previous items of its spider, insert ``page.rows``."""
+        prev = self.conn.execute(
+            f"SELECT tables FROM {PAGES_TABLE} WHERE _key = ? AND _spider = ?",
+            (page.key, page.spider),
+        ).fetchone()
+        for table in json.loads(prev[0]) if prev else ():
+            if self.columns(table):
+                self.conn.execute(
+                    f"DELETE FROM {quote(table)} WHERE _key = ? AND _spider = ?",
+                    (page.key, page.spider),
+                )
+        groups: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}
+        for seq, row in enumerate(page.rows):
+            shape = (row.table, tuple(row.values))
+            if shape not in self._shapes:
+                self.ensure(row)
+                self._shapes[shape] = self._insert_sql(*shape)
+            meta = (page.key, seq, page.spider, page.parsed_at)
+            groups.setdefault(shape, []).append((*meta, *row.values.values()))
+        for shape, params in groups.items():
+            self.conn.executemany(self._shapes[shape], params)
+        tables = {table: None for table, _ in groups}
+        self.conn.execute(
+            f"INSERT OR REPLACE INTO {PAGES_TABLE} VALUES (?, ?, ?, ?, ?)",
+            (page.key, page.spider, json.dumps(list(tables)), len(page.rows), page.parsed_at),
+        )
+        return len(page.rows)
+
+
+class ItemTableWriter:
+    """Replaces pages' items outside a crawl (``scrapy reparse``): one transaction per
+    call, so a page has its old items or its new ones."""
+
+    def __init__(self, catalog_path):
+        self.catalog = Catalog(catalog_path)
+        self.tables = ItemTables(self.catalog.conn)
+
+    def write(self, pages: list[PageItems], follow: tuple[str, int, int] | None = None) -> int:
+        """Replace ``pages``' items; ``follow``: (spider, page log position reached,
+        pages read), saved in the same transaction so a follower resumes exactly
+        after them."""
+        if not pages and follow is None:
+            return 0
+        with self.catalog.transaction():
+            n = sum(self.tables.replace(page) for page in pages)
+            if follow is not None:
+                self.catalog.conn.execute(FOLLOW_SQL)
+                self.catalog.conn.execute(
+                    f"INSERT INTO {FOLLOW_TABLE} VALUES (?, ?, ?) ON CONFLICT (spider) "
+                    "DO UPDATE SET seq = excluded.seq, pages = pages + excluded.pages",
+                    follow,
+                )
+        return n
+
+    def follow_position(self, spider: str) -> int:
+        """The page log position a follower of ``spider`` reached (0: none)."""
+        self.catalog.conn.execute(FOLLOW_SQL)
+        got = self.catalog.conn.execute(
+            f"SELECT seq FROM {FOLLOW_TABLE} WHERE spider = ?", (spider,)
+        ).fetchone()
+        return got[0] if got else 0
+
+    def logged_rows(self, after: int, limit: int) -> list[tuple[int, str]]:
+        """(seq, key) of the pages logged after position ``after``, in order."""
+        return self.catalog.conn.execute(
+            f"SELECT seq, _key FROM {PAGE_LOG} WHERE seq > ? ORDER BY seq LIMIT ?",
+            (after, limit),
+        ).fetchall()
+
+    def close(self) -> None:
+        self.catalog.close()
+
+
+class ItemStore:
+    """The writer process's side: holds each page's row until its items arrive.
+
+    ``upsert`` queues a row into the catalog's next batch; :meth:`write` runs inside
+    that batch's transaction. A page whose row is not held (not stored by this run)
+    keeps its items only when they replace a stored page's (``replace``).
+    """
+
+    def __init__(self, upsert: Callable[[object], None], conn: sqlite3.Connection):
+        self._upsert = upsert
+        self._conn = conn
+        self._tables: ItemTables | None = None
+        self.held: dict[str, object] = {}
+        self._ready: list[PageItems] = []
+        self._new: list[str] = []  # keys whose rows go in the next batch
+        self.items = 0
+        self.dropped_pages = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._ready) + len(self._new)
+
+    def hold(self, row) -> None:
+        self.held[row.key] = row
+
+    def done(self, page: PageItems) -> None:
+        row = self.held.pop(page.key, None)
+        if row is None and not page.replace:
+            # A response not stored (its status, say): its items have no page.
+            if page.rows:
+                self.dropped_pages += 1
+            return
+        # Ready before the row is queued: a batch that fills up with it commits both.
+        self._ready.append(page)
+        if row is not None or page.log:
+            self._new.append(page.key)
+        if row is not None:
+            self._upsert(row)
+
+    def write(self) -> None:
+        """Write the ready pages' items (inside the catalog's transaction)."""
+        if not self.pending:
+            return
+        if self._tables is None:
+            self._tables = ItemTables(self._conn)
+        for page in self._ready:
+            self.items += self._tables.replace(page)
+        self._tables.log_pages(self._new)
+        self._ready.clear()
+        self._new.clear()
+
+    def release_held(self) -> int:
+        """Queue the rows still held (their callbacks never reported) without items."""
+        held, self.held = self.held, {}
+        self._new.extend(held)
+        for row in held.values():
+            self._upsert(row)
+        if held:
+            logger.warning("%d pages stored without a report of their items", len(held))
+        return len(held)

@@ -1,0 +1,135 @@
+"""Item tables: list them with their row counts, export one as Parquet, CSV or JSON lines.
+
+Parquet columns take their types from the table's declared SQLite types (INTEGER ->
+int64, REAL -> float64, TEXT -> string, BLOB -> binary), and ``_parsed_at`` is a UTC
+timestamp; columns without a declared type are strings. Lists and dicts stay JSON text.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+from crawler.storage.items import META_COLUMNS, quote
+from crawler.tools.scan import ToolError, open_catalog
+
+TABLE_FORMATS = ("parquet", "csv", "jsonl")
+BATCH = 50_000
+
+
+def item_tables(conn: sqlite3.Connection) -> list[tuple[str, int]]:
+    """(name, rows) of every item table: the tables with the item columns."""
+    out = []
+    names = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+    for (name,) in names.fetchall():
+        cols = {r[1] for r in conn.execute(f"PRAGMA table_info({quote(name)})")}
+        if set(META_COLUMNS) <= cols:
+            out.append((name, conn.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()[0]))
+    return out
+
+
+def item_table_lines(data_dir: Path) -> list[str]:
+    with open_catalog(data_dir) as catalog:
+        tables = item_tables(catalog.conn)
+    if not tables:
+        return ["item tables: none"]
+    return ["item tables:"] + [f"  {name:<30} {rows:>12,} rows" for name, rows in tables]
+
+
+def _arrow_type(decl: str, name: str):
+    import pyarrow as pa
+
+    if name == "_parsed_at":
+        return pa.timestamp("s", tz="UTC")
+    return {"INTEGER": pa.int64(), "REAL": pa.float64(), "BLOB": pa.binary()}.get(
+        decl.upper(), pa.string()
+    )
+
+
+def export_table(data_dir: Path, table: str, fmt: str, output: Path) -> int:
+    """Item table ``table`` as ``fmt`` (written beside ``output``, then renamed)."""
+    if fmt not in TABLE_FORMATS:
+        raise ToolError(f"--format {fmt!r}: use one of {', '.join(TABLE_FORMATS)}")
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    with open_catalog(data_dir) as catalog:
+        conn = catalog.conn
+        if table not in dict(item_tables(conn)):
+            known = ", ".join(n for n, _ in item_tables(conn)) or "none"
+            raise ToolError(f"--table {table!r}: no such item table (item tables: {known})")
+        info = conn.execute(f"PRAGMA table_info({quote(table)})").fetchall()
+        cols = [r[1] for r in info]
+        cur = conn.execute(
+            f"SELECT {', '.join(map(quote, cols))} FROM {quote(table)} ORDER BY _key, _seq"
+        )
+        try:
+            n = _WRITERS[fmt](cur, cols, [r[2] for r in info], tmp)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+    os.replace(tmp, output)
+    return n
+
+
+def _batches(cur) -> Iterator[list[tuple]]:
+    while rows := cur.fetchmany(BATCH):
+        yield rows
+
+
+def _csv(cur, cols, decls, tmp) -> int:
+    n = 0
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(cols)
+        for rows in _batches(cur):
+            writer.writerows(rows)
+            n += len(rows)
+    return n
+
+
+def _jsonl(cur, cols, decls, tmp) -> int:
+    n = 0
+    with open(tmp, "w", encoding="utf-8") as f:
+        for rows in _batches(cur):
+            for row in rows:
+                values = [v.hex() if isinstance(v, bytes) else v for v in row]
+                f.write(json.dumps(dict(zip(cols, values, strict=True)), ensure_ascii=False) + "\n")
+            n += len(rows)
+    return n
+
+
+def _parquet(cur, cols, decls, tmp) -> int:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(c, _arrow_type(d, c)) for c, d in zip(cols, decls, strict=True)])
+    read = pa.schema(
+        [
+            (c, pa.string() if c == "_parsed_at" else t)
+            for c, t in zip(cols, schema.types, strict=True)
+        ]
+    )
+    when = cols.index("_parsed_at")
+    n = 0
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for rows in _batches(cur):
+            arrays = [
+                pa.array([r[i] for r in rows], type=read.field(i).type) for i in range(len(cols))
+            ]
+            arrays[when] = pc.strptime(arrays[when], "%Y-%m-%dT%H:%M:%SZ", "s").cast(
+                schema.field(when).type
+            )
+            writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
+            n += len(rows)
+        if n == 0:
+            writer.write_table(schema.empty_table())
+    return n
+
+
+_WRITERS = {"csv": _csv, "jsonl": _jsonl, "parquet": _parquet}
