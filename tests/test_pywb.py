@@ -42,7 +42,10 @@ def pywb_bin() -> Path:
     """The bin directory of a virtualenv holding pywb (``wayback``, ``wb-manager``)."""
     venv = pywb_venv()
     bin_dir = venv / "bin"
-    venv.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        need(f"cannot create {venv.parent} for pywb's virtualenv: {exc}")
     # Concurrent test runs must not build the same venv at once.
     with open(venv.parent / "pywb-venv.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
