@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from crawler.hub import Hub, ProxyPool, redact_url
+from crawler.hub import Hub, ProxyPool, WorkQueue, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.proxy_servers import proxy_pool  # noqa: F401
@@ -170,31 +170,40 @@ def catalog_counts(db: Path) -> dict[str, float]:
         conn.close()
 
 
-def add_item_table(db: Path) -> dict[str, float]:
-    """An item table as a pipeline would write it (one row per item, ``_key`` naming the
-    page): no spider of the project writes one yet, so the test makes it."""
+def item_counts(db: Path) -> dict[str, float]:
+    """Rows, pages covered and share of stored pages of each item table the crawl wrote,
+    counted with plain SQL (bookkeeping tables, named ``_...``, are not item tables)."""
     conn = sqlite3.connect(db)
     try:
-        keys = [
-            k
-            for (k,) in conn.execute(
-                "SELECT key FROM artifacts WHERE content_type LIKE 'text/html%' ORDER BY key"
-            )
-        ]
-        covered = keys[: len(keys) // 2]
-        with conn:
-            conn.execute("CREATE TABLE page_links (_key TEXT NOT NULL, href TEXT)")
-            conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT)")  # no _key
-            for key in covered:
-                conn.executemany("INSERT INTO page_links VALUES (?, ?)", [(key, "/a"), (key, "/b")])
         (rows,) = conn.execute("SELECT count(*) FROM artifacts").fetchone()
+        expected: dict[str, float] = {}
+        # page_summary from the site spider's pages, product from the products spider's.
+        for table in ("page_summary", "product"):
+            n, pages = conn.execute(
+                f"SELECT count(*), count(DISTINCT _key) FROM {table}"
+            ).fetchone()
+            expected |= {
+                f"items:{table}:rows": n,
+                f"items:{table}:pages": pages,
+                f"items:{table}:share": pages / rows,
+            }
+        return expected
     finally:
         conn.close()
-    return {
-        "items:page_links:rows": 2 * len(covered),
-        "items:page_links:pages": len(covered),
-        "items:page_links:share": len(covered) / rows,
-    }
+
+
+def bookkeeping_tables(db: Path) -> list[str]:
+    conn = sqlite3.connect(db)
+    try:
+        return [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '\\_%' "
+                "ESCAPE '\\'"
+            )
+        ]
+    finally:
+        conn.close()
 
 
 def hub_counts(hub_url: str) -> dict[str, float]:
@@ -244,10 +253,17 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
         "CONCURRENT_REQUESTS=2",
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # Items: the products spider parses product pages into the same data directory.
+    products = [f"{site.base_url}/product/{n}.html" for n in range(5)]
+    done = run_crawl(write_urls(tmp_path / "p.txt", products), data_dir, spider="products")
+    assert done.returncode == 0, done.stderr[-3000:]
     expected = log_counts(data_dir / "fetch_log.jsonl")
     assert expected["outcome:retry"] > 0 and expected["outcome:error"] > 0
     assert any(k.startswith("proxylog:") for k in expected), "the crawl went through proxies"
-    expected |= add_item_table(data_dir / "metadata.db")
+    expected |= item_counts(data_dir / "metadata.db")
+    assert expected["items:product:pages"] == len(products), expected
+    bookkeeping = bookkeeping_tables(data_dir / "metadata.db")
+    assert "_item_pages" in bookkeeping, bookkeeping
     expected |= catalog_counts(data_dir / "metadata.db")
     expected |= hub_counts(hub_url)
     assert any(k.endswith(":bans") and v for k, v in expected.items()), "a proxy was banned"
@@ -265,7 +281,10 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     assert sorted(page["figures"]) == sorted(f"plot-{name}" for name in FIGURES)
     assert all(page["marks"][name] > 0 for name in FIGURES), page["marks"]
     assert_stats(page["stats"], expected)
-    assert "items:notes:rows" not in page["stats"], "a table without _key is not an item table"
+    reported = {k.split(":")[1] for k in page["stats"] if k.startswith("items:")}
+    assert reported == {"page_summary", "product"}, (
+        "bookkeeping tables (_item_pages, ...) are not item tables"
+    )
     assert page["settings"]["DATA_DIR"] == str(data_dir)
     assert page["settings"]["HUB_URL"] == hub_url
 
@@ -286,6 +305,53 @@ def test_missing_data_dir_is_an_error(tmp_path):
     assert made.returncode == 2
     assert f"{missing}: no such data directory" in made.stderr
     assert not (tmp_path / "report.html").exists()
+
+
+def test_work_queues_show_how_much_is_left(tmp_path, site):
+    data_dir = tmp_path / "data"
+    done = run_crawl(write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    env = crawl_env() | {"HUB_URL": hub_url}
+    lists = {"front": 20, "back": 7}
+    for name, n in lists.items():
+        urls = write_urls(
+            tmp_path / f"{name}.txt", [f"{site.base_url}/page/{i}.html" for i in range(n)]
+        )
+        loaded = subprocess.run([sys.executable, "-m", "scrapy", "queue", "load", name, str(urls)],
+                                cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert loaded.returncode == 0, loaded.stderr[-3000:]
+    with Hub.open(hub_url) as hub:
+        front = WorkQueue(hub, "front", create=False)
+        for failed in (0, 2):
+            assert front.done(front.lease("node1/1", 5, ttl=3600), failed=failed)
+        assert front.lease("node2/7", 4, ttl=3600) is not None  # held, not done
+        back = WorkQueue(hub, "back", create=False)
+        assert back.done(back.lease("node1/1", 7, ttl=3600))
+        expected: dict[str, float] = {}
+        for queue in (front, back):
+            stats = queue.stats()
+            p = stats.progress
+            expected |= {
+                f"queue:{queue.name}:total": p.total,
+                f"queue:{queue.name}:done": p.done,
+                f"queue:{queue.name}:pending": p.pending,
+                f"queue:{queue.name}:leased": p.leased,
+                f"queue:{queue.name}:failed": stats.failed,
+            }
+    assert expected["queue:front:done"] == 10 and expected["queue:front:pending"] == 6
+    assert expected["queue:front:leased"] == 4 and expected["queue:front:failed"] == 2
+    assert expected["queue:back:done"] == 7 and expected["queue:back:pending"] == 0
+
+    output = tmp_path / "report.html"
+    made = run_report(data_dir, output, env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    page = open_in_chromium(output)
+    assert page["console"] == []
+    assert_stats(page["stats"], expected)
+    # Done lately: an ETA in seconds for what is left; a queue all done shows 0.
+    assert page["stats"]["queue:front:eta"] > 0
+    assert page["stats"]["queue:back:eta"] == 0
 
 
 def ship(data_dir: Path, catalogs: Path, name: str) -> None:

@@ -18,9 +18,11 @@ from crawler.report.sources import (
     CatalogSummary,
     HubSummary,
     Layout,
+    QueueSummary,
     find_layout,
     read_catalogs,
     read_hub,
+    read_queues,
     redact,
 )
 
@@ -58,6 +60,7 @@ class Report:
     hub: HubSummary | None
     settings: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0  # time taken to collect
+    queues: list[QueueSummary] = field(default_factory=list)  # the hub's work queues
 
 
 def report_settings(
@@ -104,6 +107,8 @@ class ReportBuilder:
         now = self.clock()
         hub = read_hub(self.hub_url, now) if self.hub_url else None
         report = Report(layout, now, catalog, tasks, total, hub, self.settings)
+        if self.hub_url:
+            report.queues = read_queues(self.hub_url)
         report.seconds = time.perf_counter() - started
         return report
 

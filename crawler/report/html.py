@@ -80,6 +80,7 @@ def render_page(report: Report) -> str:
             catalog_section(report),
             hosts_section(report.total),
             proxy_section(report.total, report.hub),
+            queues_section(report),
             items_section(report),
         ]
     body.append(settings_section(report.settings))
@@ -287,6 +288,33 @@ def proxy_section(total: LogStats, hub: HubSummary | None) -> str:
         parts.append("<p>Attempts per proxy in the action log:</p>")
         parts.append(table(["proxy", *OUTCOMES], rows))
     return "".join(parts)
+
+
+def queues_section(report: Report) -> str:
+    """How much is left of each work queue of the hub (a Slurm queue run's lists)."""
+    if not report.queues:
+        return ""
+    rows = []
+    for q in report.queues:
+        eta = "done" if q.eta == 0 else "unknown" if q.eta is None else duration(q.eta)
+        cells = "".join(
+            cell(f"queue:{q.name}:{part}", getattr(q, part))
+            for part in ("total", "done", "pending", "leased", "expired", "failed")
+        )
+        eta_cell = cell(f"queue:{q.name}:eta", -1 if q.eta is None else q.eta, eta)
+        rows.append(f"<tr><td>{escape(q.name)}</td>{cells}{eta_cell}</tr>")
+    headers = ["queue", "URLs", "done", "pending", "leased", "expired leases", "failed", "ETA"]
+    return (
+        "<h2>How much is left</h2>"
+        '<p class="note">The hub\'s work queues; ETA at the rate of the last 10 minutes.</p>'
+        + table(headers, rows)
+    )
+
+
+def duration(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def items_section(report: Report) -> str:

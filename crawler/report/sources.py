@@ -258,6 +258,8 @@ def read_hub(hub_url: str, now: float) -> HubSummary:
                 "or postgresql://..."
             )
         try:
+            if not has_table(conn, "hub_proxies", hub_url.startswith("sqlite:///")):
+                return HubSummary(redact(hub_url), now, [], [])  # a hub of work queues only
             proxies = [
                 HubProxy(r[0], redact(r[1]), bool(r[2]), r[3], r[4], r[5], r[6], r[7])
                 for r in conn.execute(proxy_sql).fetchall()
@@ -270,3 +272,64 @@ def read_hub(hub_url: str, now: float) -> HubSummary:
     except Exception as exc:  # sqlite3.Error, psycopg.Error: both name the hub
         raise ReportError(f"hub {redact(hub_url)}: cannot read its proxies: {exc}") from exc
     return HubSummary(redact(hub_url), now, proxies, leases)
+
+
+def table_sql(sqlite: bool, mark: str = "?") -> str:
+    """A count of the tables named by the one parameter (*mark* is its placeholder)."""
+    if sqlite:
+        return f"SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = {mark}"
+    return (
+        "SELECT count(*) FROM information_schema.tables "
+        f"WHERE table_schema = current_schema() AND table_name = {mark}"
+    )
+
+
+def has_table(conn, name: str, sqlite: bool) -> bool:
+    """Whether a plain connection (sqlite3 or psycopg) sees table *name*."""
+    return bool(conn.execute(table_sql(sqlite, "?" if sqlite else "%s"), (name,)).fetchone()[0])
+
+
+@dataclass
+class QueueSummary:
+    """How much of one work queue is left (``scrapy queue stats``)."""
+
+    name: str
+    total: int
+    done: int
+    pending: int
+    leased: int
+    expired: int
+    failed: int
+    rate: float  # URLs done per second over the window
+    eta: float | None  # seconds; None when nothing was done in the window
+
+
+def read_queues(hub_url: str, window: float = 600.0) -> list[QueueSummary]:
+    """Every work queue of the hub, through its own API; none when it holds no queues."""
+    from crawler.hub import Hub, WorkQueue
+
+    try:
+        with Hub.open(hub_url) as hub:
+            if not hub.query(table_sql(hub.backend == "sqlite"), ("hub_work_queues",))[0][0]:
+                return []
+            names = [row[0] for row in hub.query("SELECT name FROM hub_work_queues ORDER BY name")]
+            queues = []
+            for name in names:
+                stats = WorkQueue(hub, name, create=False).stats(window)
+                p = stats.progress
+                queues.append(
+                    QueueSummary(
+                        name,
+                        p.total,
+                        p.done,
+                        p.pending,
+                        p.leased,
+                        p.expired,
+                        stats.failed,
+                        stats.rate,
+                        stats.eta,
+                    )  # fmt: skip
+                )
+            return queues
+    except Exception as exc:  # HubError, sqlite3.Error, psycopg.Error: all name the hub
+        raise ReportError(f"hub {redact(hub_url)}: cannot read its work queues: {exc}") from exc
