@@ -29,6 +29,7 @@ storing and skipping are one component's two sides of the same request.)
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from scrapy import Request, signals
@@ -39,6 +40,7 @@ from twisted.internet import task
 
 from crawler import signals as crawler_signals
 from crawler.reparse.responses import build_response
+from crawler.runsettings import crawl_settings
 from crawler.signals import attempt_fields
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.keys import request_key
@@ -159,6 +161,10 @@ class ArchiveMiddleware:
             # A usage error: `scrapy crawl` prints its one line and exits 2.
             raise UsageError(str(exc)) from None
         self.session = StorageSession(self.config)
+        # What runs.jsonl records of this run, as plain text: the storage core takes
+        # no Scrapy settings.
+        hub_url = crawler.settings.get("HUB_URL") or os.environ.get("HUB_URL")
+        self.run_settings = crawl_settings(crawler.settings.copy_to_dict().items(), hub_url)
         # Started now, so that it loads while Scrapy starts up; it opens the store in
         # spider_opened, once the data directory is recovered.
         self.session.start_writer()
@@ -185,7 +191,7 @@ class ArchiveMiddleware:
         self.revalidate = bool(getattr(spider, "revalidate", False))
         datadir = self.session.datadir
         try:
-            recovery = self.session.open()
+            recovery = self.session.open(spider.name, self.run_settings)
         except (StoreError, CatalogError, OSError) as exc:
             self._fail(f"cannot open the data directory {datadir.root}: {exc}")
             return

@@ -255,7 +255,16 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     assert done.returncode == 0, done.stderr[-3000:]
     # Items: the products spider parses product pages into the same data directory.
     products = [f"{site.base_url}/product/{n}.html" for n in range(5)]
-    done = run_crawl(write_urls(tmp_path / "p.txt", products), data_dir, spider="products")
+    # The latest run's settings are the page's, not the report command's.
+    done = run_crawl(
+        write_urls(tmp_path / "p.txt", products),
+        data_dir,
+        "-s",
+        "CONCURRENT_REQUESTS=7",
+        "-s",
+        "PROXY_NOTE=http://me:run-s3cret@127.0.0.1:3128",
+        spider="products",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     expected = log_counts(data_dir / "fetch_log.jsonl")
     assert expected["outcome:retry"] > 0 and expected["outcome:error"] > 0
@@ -275,6 +284,8 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     text = output.read_text()
     assert "<script" not in text and "http://" not in text.split("<body")[0]
     assert "pr0xy-s3cret" not in text, "proxy credentials are redacted"
+    assert "run-s3cret" not in text, "the run's settings are redacted"
+    assert 'data-run-spider="products"' in text
 
     page = open_in_chromium(output)
     assert page["console"] == []
@@ -287,6 +298,8 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     )
     assert page["settings"]["DATA_DIR"] == str(data_dir)
     assert page["settings"]["HUB_URL"] == hub_url
+    assert page["settings"]["CONCURRENT_REQUESTS"] == "7"
+    assert page["settings"]["PROXY_NOTE"] == "http://me:***@127.0.0.1:3128"
 
 
 def test_empty_data_dir_says_so(tmp_path):

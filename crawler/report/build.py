@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crawler.hub.redact import redact_url
 from crawler.report.logread import LogFollower, LogStats
 from crawler.report.sources import (
     CatalogSummary,
@@ -23,29 +24,12 @@ from crawler.report.sources import (
     read_catalogs,
     read_hub,
     read_queues,
-    redact,
 )
+from crawler.runsettings import crawl_settings
+from crawler.storage.datadir import RUNS_NAME
+from crawler.storage.runlog import last_run
 
 logger = logging.getLogger(__name__)
-
-# Settings shown in the report: these names, and every name with these prefixes.
-SETTING_PREFIXES = (
-    "DATA_DIR",
-    "CATALOG_",
-    "ARCHIVE_",
-    "PROXY_",
-    "HUB_",
-    "RENDER_",
-    "CONCURRENT_",
-    "DOWNLOAD_DELAY",
-    "DOWNLOAD_TIMEOUT",
-    "AUTOTHROTTLE_",
-    "RETRY_",
-    "ROBOTSTXT_OBEY",
-    "USER_AGENT",
-    "DEPTH_LIMIT",
-    "CLOSESPIDER_",
-)
 
 
 @dataclass
@@ -61,6 +45,7 @@ class Report:
     settings: list[tuple[str, str]] = field(default_factory=list)
     seconds: float = 0.0  # time taken to collect
     queues: list[QueueSummary] = field(default_factory=list)  # the hub's work queues
+    run: dict | None = None  # the latest line of runs.jsonl, whose settings are shown
 
 
 def report_settings(
@@ -68,10 +53,7 @@ def report_settings(
 ) -> list[tuple[str, str]]:
     """The crawl-relevant settings as text, credentials redacted, sorted by name;
     ``HUB_URL`` as used (it may come from the environment)."""
-    shown = {name: str(value) for name, value in items if name.startswith(SETTING_PREFIXES)}
-    if hub_url:
-        shown["HUB_URL"] = hub_url
-    return sorted((name, redact(value)) for name, value in shown.items())
+    return list(crawl_settings(items, hub_url).items())
 
 
 class ReportBuilder:
@@ -106,11 +88,23 @@ class ReportBuilder:
             total.merge(stats)
         now = self.clock()
         hub = read_hub(self.hub_url, now) if self.hub_url else None
-        report = Report(layout, now, catalog, tasks, total, hub, self.settings)
+        run = last_run(self.data_dir / RUNS_NAME)
+        report = Report(layout, now, catalog, tasks, total, hub, self.run_settings(run), run=run)
         if self.hub_url:
             report.queues = read_queues(self.hub_url)
         report.seconds = time.perf_counter() - started
         return report
+
+    def run_settings(self, run: dict | None) -> list[tuple[str, str]]:
+        """The latest run's settings as it recorded them (the hub this command reads
+        added when the run named none); without a run, the settings this command sees."""
+        if run is None:
+            return self.settings
+        # Redacted again: the file may come from an older or hand-edited run.
+        shown = {str(name): redact_url(str(value)) for name, value in run["settings"].items()}
+        if self.hub_url and "HUB_URL" not in shown:
+            shown["HUB_URL"] = crawl_settings([], self.hub_url)["HUB_URL"]
+        return sorted(shown.items())
 
     def render(self) -> str:
         from crawler.report.html import render_page

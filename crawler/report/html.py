@@ -83,7 +83,7 @@ def render_page(report: Report) -> str:
             queues_section(report),
             items_section(report),
         ]
-    body.append(settings_section(report.settings))
+    body.append(settings_section(report.settings, report.run))
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
@@ -340,11 +340,23 @@ def items_section(report: Report) -> str:
     )
 
 
-def settings_section(settings: list[tuple[str, str]]) -> str:
+def settings_section(settings: list[tuple[str, str]], run: dict | None = None) -> str:
     if not settings:
         return ""
+    if run is None:
+        origin = (
+            "<p>The settings this report command sees (the data directory has no runs.jsonl).</p>"
+        )
+    else:
+        origin = (
+            f'<p data-run-spider="{escape(str(run.get("spider", "")))}" '
+            f'data-run-started="{escape(str(run.get("started", "")))}">'
+            f"The settings of the latest run (runs.jsonl): spider "
+            f"{escape(str(run.get('spider', '')))}, started {escape(str(run.get('started', '')))}"
+            f" on {escape(str(run.get('host', '')))}, pid {escape(str(run.get('pid', '')))}.</p>"
+        )
     rows = [
         f'<tr><td>{escape(name)}</td><td data-setting="{escape(name)}">{escape(value)}</td></tr>'
         for name, value in settings
     ]
-    return "<h2>Settings</h2>" + table(["setting", "value"], rows)
+    return "<h2>Settings</h2>" + origin + table(["setting", "value"], rows)

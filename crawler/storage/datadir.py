@@ -29,6 +29,7 @@ from crawler.storage.records import Row, StoredRecord
 DEFAULT = "data"
 CATALOG_NAME = "metadata.db"
 ACTION_LOG_NAME = "fetch_log.jsonl"
+RUNS_NAME = "runs.jsonl"
 SHIPPED_DIR = "catalogs"
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,11 @@ class DataDir:
     @property
     def action_log_path(self) -> Path:
         return self.root / ACTION_LOG_NAME
+
+    @property
+    def runs_path(self) -> Path:
+        """One line per crawl that stored here: what it ran with."""
+        return self.root / RUNS_NAME
 
     @property
     def derived_dir(self) -> Path:

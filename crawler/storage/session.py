@@ -22,6 +22,7 @@ from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, SettingError, StoreError
 from crawler.storage.formats.base import MAX_LEVEL
 from crawler.storage.records import Row, StoredRecord
+from crawler.storage.runlog import append_run
 from crawler.storage.seen import CatalogWithSeen, with_seen
 from crawler.storage.store import Recovery, StoreConfig, recover
 from crawler.storage.writer.client import WriterProcess
@@ -165,9 +166,11 @@ class StorageSession:
         if self.writer is None:
             self.writer = WriterProcess(queue_bytes=self.config.queue_bytes)
 
-    def open(self) -> Recovery:
+    def open(self, spider: str = "", settings: dict[str, str] | None = None) -> Recovery:
         """Open everything a crawl writes with; raises StoreError, CatalogError or
-        OSError (what is open by then is released by :meth:`close`)."""
+        OSError (what is open by then is released by :meth:`close`). With *settings*
+        (plain text, credentials already redacted), the run is appended to
+        ``runs.jsonl`` once the data directory is locked."""
         self.start_writer()
         self._lock.acquire()
         recovery = recover(self.datadir)
@@ -190,6 +193,8 @@ class StorageSession:
         Catalog(self.datadir.catalog_path).close()  # creates or migrates it
         self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
         self.log = ActionLog(self.datadir.action_log_path)
+        if settings is not None:
+            append_run(self.datadir.runs_path, spider, settings)
         self.writer.open(self.config.store)
         self.put = self.writer.put
         self.touch = self.writer.touch

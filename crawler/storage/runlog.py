@@ -1,0 +1,56 @@
+"""The run log: ``DATA_DIR/runs.jsonl``, one JSON line per crawl that stored here, with
+what it ran with (started, pid, host, spider, its crawl settings, already redacted).
+
+Each line is written whole by one ``write`` on a file opened with ``O_APPEND``, as the
+action log is, so a killed crawl leaves at most its own line incomplete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def append_run(path: str | os.PathLike, spider: str, settings: dict[str, str]) -> dict:
+    """Append this process's run to *path* and return the entry written."""
+    entry = {
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "spider": spider,
+        "settings": dict(settings),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+    return entry
+
+
+def last_run(path: str | os.PathLike) -> dict | None:
+    """The latest complete run in *path*; None when the file is absent or holds none.
+    A torn or malformed line (a killed run's) is skipped with a warning naming it."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for number in range(len(lines), 0, -1):
+        line = lines[number - 1].strip()
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("settings"), dict):
+            return entry
+        logger.warning("%s line %d is not a run record: skipped", path, number)
+    return None

@@ -1,0 +1,60 @@
+"""``DATA_DIR/runs.jsonl``: each storing crawl appends what it ran with, passwords
+redacted; the reader takes the last whole line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+from crawler.storage.runlog import append_run, last_run
+from tests.conftest import run_crawl, write_urls
+from tests.hubs import pg_schema_url
+
+
+def test_a_crawl_records_its_settings_without_passwords(tmp_path, site):
+    url, drop = pg_schema_url("runlog")
+    # Trust authentication ignores the password, which must still never be written.
+    hub_url = url.replace("postgresql://postgres@", "postgresql://postgres:runs-s3cret@")
+    assert "runs-s3cret" in hub_url
+    data_dir = tmp_path / "data"
+    urls = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/{n}.html" for n in range(3)])
+    try:
+        done = run_crawl(
+            urls,
+            data_dir,
+            "-s",
+            f"HUB_URL={hub_url}",
+            "-s",
+            "PROXY_ENABLED=False",
+            "-s",
+            "PROXY_NOTE=http://me:proxy-s3cret@127.0.0.1:3128",
+            "-s",
+            "CONCURRENT_REQUESTS=7",
+        )
+    finally:
+        drop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (data_dir / "runs.jsonl").read_text()
+    assert "s3cret" not in text
+    lines = text.splitlines()
+    assert len(lines) == 1
+    run = json.loads(lines[0])
+    assert run["spider"] == "site" and run["host"] == socket.gethostname()
+    assert run["pid"] != os.getpid()
+    assert run["started"].endswith("Z")
+    assert run["settings"]["CONCURRENT_REQUESTS"] == "7"
+    assert run["settings"]["DATA_DIR"] == str(data_dir)
+    assert run["settings"]["HUB_URL"].startswith("postgresql://postgres:***@127.0.0.1")
+    assert run["settings"]["PROXY_NOTE"] == "http://me:***@127.0.0.1:3128"
+
+
+def test_the_last_whole_line_is_the_latest_run(tmp_path):
+    path = tmp_path / "runs.jsonl"
+    assert last_run(path) is None
+    append_run(path, "first", {"CONCURRENT_REQUESTS": "1"})
+    append_run(path, "second", {"CONCURRENT_REQUESTS": "2"})
+    assert last_run(path)["spider"] == "second"
+    with open(path, "a") as f:
+        f.write('{"started": "2026-')  # a killed run's torn line
+    assert last_run(path)["settings"] == {"CONCURRENT_REQUESTS": "2"}
