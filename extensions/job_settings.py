@@ -46,7 +46,8 @@ class JobSettingsExtension:
         settings = crawler.settings
         self.name = settings.get("JOB")
         if not self.name:
-            raise NotConfigured("no JOB: the crawl runs no hub job")
+            # No message: Scrapy would log a warning for every crawl without a job.
+            raise NotConfigured
         self.crawler = crawler
         self.interval = settings.getfloat("JOB_REFRESH_SECONDS", 60.0)
         self.version = settings.getint("JOB_VERSION")
