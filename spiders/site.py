@@ -27,7 +27,7 @@ from twisted.internet.threads import deferToThread
 
 from crawler import signals as crawler_signals
 from crawler.spiderkit.domains import registered_domain
-from crawler.spiderkit.parsers import page_summary
+from crawler.spiderkit.parsers import hrefs, page_summary
 from crawler.spiderkit.urls import UrlList, in_shard, parse_shard
 from crawler.storage.keys import request_key
 
@@ -130,7 +130,7 @@ class SiteSpider(scrapy.Spider):
         if depth >= self.depth or not isinstance(response, TextResponse):
             return
         replay = depth + 1 < self.depth
-        for href in response.css("a::attr(href)").getall():
+        for href in hrefs(response):
             url = response.urljoin(href.strip()).split("#", 1)[0]
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:
