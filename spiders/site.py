@@ -1,8 +1,14 @@
 """The ``site`` spider: fetch a list of URLs, optionally following links.
 
     scrapy crawl site -a urls=urls.txt [-a depth=N] [-a revalidate=1] [-a render=1]
+                                       [-a summaries=1]
 
 ``-a render=1`` renders every page in a browser (middlewares/render.py).
+
+A crawl fetches and stores; page summaries (``PageSummary`` items, the
+``page_summary`` table) come from ``scrapy reparse site`` or ``--follow``, where the
+spider is built with the ``REPARSING`` setting on, so that parsing never slows
+fetching. ``-a summaries=1`` yields them at crawl time, through the pipelines.
 
 Storage needs nothing from this spider: the project's middlewares store every
 response and skip what is stored, for any spider of the project.
@@ -21,7 +27,7 @@ from twisted.internet.threads import deferToThread
 
 from crawler import signals as crawler_signals
 from crawler.spiderkit.domains import registered_domain
-from crawler.spiderkit.parsers import page_summary
+from crawler.spiderkit.parsers import hrefs, page_summary
 from crawler.spiderkit.urls import UrlList, in_shard, parse_shard
 from crawler.storage.keys import request_key
 
@@ -48,6 +54,7 @@ class SiteSpider(scrapy.Spider):
         revalidate: str = "0",
         shard: str | None = None,
         render: str = "0",
+        summaries: str | None = None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -66,12 +73,21 @@ class SiteSpider(scrapy.Spider):
         if self.depth < 0:
             raise UsageError(f"-a depth takes a number of 0 or more, not {self.depth}")
         self.revalidate = _flag(revalidate)
+        # None: decided in from_crawler (on when re-parsing, off when crawling).
+        self.summaries: bool | None = None if summaries is None else _flag(summaries)
         self.url_list = UrlList(urls)
         self.domains: set[str] = set()
         # Smallest depth each followed URL was met at (depth crawls only): concurrent
         # downloads can meet a page deeper first, and its links must still be followed
         # when it is met again higher up, or the pages reached would depend on timing.
         self.depths: dict[str, int] = {}
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        if spider.summaries is None:
+            spider.summaries = crawler.settings.getbool("REPARSING")
+        return spider
 
     async def start(self):
         if self.url_list.path != "-":
@@ -105,7 +121,7 @@ class SiteSpider(scrapy.Spider):
         )
 
     def parse(self, response):
-        if isinstance(response, HtmlResponse):
+        if self.summaries and isinstance(response, HtmlResponse):
             yield page_summary(response)
         yield from self.follow_links(response)
 
@@ -114,7 +130,7 @@ class SiteSpider(scrapy.Spider):
         if depth >= self.depth or not isinstance(response, TextResponse):
             return
         replay = depth + 1 < self.depth
-        for href in response.css("a::attr(href)").getall():
+        for href in hrefs(response):
             url = response.urljoin(href.strip()).split("#", 1)[0]
             parts = urlsplit(url)
             if parts.scheme not in ("http", "https") or not parts.hostname:

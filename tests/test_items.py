@@ -122,7 +122,7 @@ def test_the_example_spiders_fill_product_and_page_summary(site, tmp_path, data_
     assert columns(data_dir, "product")["price"] == "REAL"
 
     pages = [f"{site.base_url}/page/{n}.html" for n in range(4)]
-    result = run_crawl(write_urls(tmp_path / "s.txt", pages), data_dir)
+    result = run_crawl(write_urls(tmp_path / "s.txt", pages), data_dir, "-a", "summaries=1")
     assert result.returncode == 0, result.stderr[-3000:]
     got = query(data_dir, "SELECT url, status, title FROM page_summary ORDER BY url")
     assert got == sorted((u, 200, f"Page {u[-6]}") for u in pages)

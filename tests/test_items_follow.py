@@ -56,6 +56,8 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
     crawl = start_crawl(
         url_file,
         data_dir,
+        "-a",
+        "summaries=1",
         "-s",
         "CATALOG_BATCH_SIZE=5",
         "-s",

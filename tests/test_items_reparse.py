@@ -113,13 +113,13 @@ def test_item_tables_are_listed_and_exported_with_their_types(site, tmp_path, da
 def test_pages_answered_from_the_archive_replace_their_items(site, tmp_path, data_dir):
     starts = [f"{site.base_url}/page/{n}.html" for n in range(3)]
     url_file = write_urls(tmp_path / "urls.txt", starts)
-    result = run_crawl(url_file, data_dir, "-a", "depth=1")
+    result = run_crawl(url_file, data_dir, "-a", "depth=1", "-a", "summaries=1")
     assert result.returncode == 0, result.stderr[-3000:]
     first = dump_table(data_dir, "page_summary")
     before = parsed_at(data_dir, starts)
     # _parsed_at counts seconds: the next run's must differ.
     time.sleep(1.05 - time.time() % 1)
-    result = run_crawl(url_file, data_dir, "-a", "depth=1")
+    result = run_crawl(url_file, data_dir, "-a", "depth=1", "-a", "summaries=1")
     assert result.returncode == 0, result.stderr[-3000:]
     # The start pages were answered from the archive and parsed again: their items
     # replaced (newer), none added.

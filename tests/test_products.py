@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from scrapy.http import HtmlResponse, Request
 
-from crawler.spiderkit.parsers import page_summary
+from crawler.spiderkit.parsers import hrefs, page_summary
 from demo.site import DemoSite
 from spiders.products import parse_product
 from tests.cmdline import read_jsonl
@@ -48,6 +48,16 @@ def test_summary_item_of_a_page():
     assert item.language == "en" and item.status == 200 and item.links == 8
     assert item.final_url == item.url == "http://shop.test/page/4.html"
     assert item.text_length > 1000
+
+
+@pytest.mark.parametrize("n", [4, 50])
+def test_links_of_a_page_are_its_summary_links(n):
+    site = DemoSite(pages=100, page_bytes=8000, seed=3)
+    site.base_url = "http://shop.test"  # page 50 then links off-site and elsewhere too
+    page = response(f"/page/{n}.html", site.page_html(n))
+    links = hrefs(page)
+    assert sorted(links) == sorted(page.css("a::attr(href)").getall())
+    assert len(links) == page_summary(page).links == (8 if n % 50 else 13)
 
 
 def test_products_crawl(site, tmp_path, data_dir):

@@ -288,7 +288,7 @@ def test_rendered_and_plain_pages_in_one_crawl(site, tmp_path, data_dir):
     plain = [f"{site.base_url}/page/{n}.html" for n in range(6)]
     urls = write_urls(tmp_path / "urls.txt", js + plain)
     out = tmp_path / "items.jsonl"
-    args = ("-s", "RENDER_URL_PATTERNS=/js/", "-s", WAIT_READY, "-o", str(out))
+    args = ("-a", "summaries=1", "-s", "RENDER_URL_PATTERNS=/js/", "-s", WAIT_READY, "-o", str(out))
     result = _run(urls, data_dir, *args)
     assert result.returncode == 0, result.stderr[-4000:]
     log = result.stderr

@@ -34,7 +34,7 @@ def crawled(site, tmp_path_factory):
     root = tmp_path_factory.mktemp("reparse")
     urls = write_urls(root / "urls.txt", [f"{site.base_url}/{p}" for p in PATHS])
     data_dir = root / "data"
-    result = run_crawl(urls, data_dir, "-o", str(root / "crawl.jsonl"))
+    result = run_crawl(urls, data_dir, "-a", "summaries=1", "-o", str(root / "crawl.jsonl"))
     assert result.returncode == 0, result.stderr
     return data_dir, read_jsonl(root / "crawl.jsonl")
 

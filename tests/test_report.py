@@ -239,6 +239,8 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
     done = run_crawl(
         urls,
         data_dir,
+        "-a",
+        "summaries=1",
         "-s",
         f"HUB_URL={hub_url}",
         "-s",

@@ -135,6 +135,8 @@ def test_crawl_stores_zip_bodies(site, tmp_path, data_dir):
     result = run_crawl(
         write_urls(tmp_path / "urls.txt", urls),
         data_dir,
+        "-a",
+        "summaries=1",
         "-s",
         "ARCHIVE_FORMAT=zip",
         "-o",

@@ -249,6 +249,9 @@ def make_spider(name: str, spider_args: dict, overrides: dict):
 
     settings = get_project_settings()
     settings.setdict(overrides, priority="cmdline")
+    # Tells a spider it is re-parsing stored pages: it may parse there what it
+    # leaves out while crawling (the site spider's page summaries).
+    settings.set("REPARSING", True, priority="cmdline")
     try:
         spidercls = get_spider_loader(settings).load(name)
     except KeyError:
