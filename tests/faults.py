@@ -1,14 +1,12 @@
-"""Helpers of the fault tests: the processes of a crawl, and waiting for events."""
+"""Helpers of the fault tests: the processes of a crawl, and waiting for committed rows
+(the waiting itself is tests/events.py's)."""
 
 from __future__ import annotations
 
-import sqlite3
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from crawler.storage.errors import CatalogError
-from tests.checks import catalog_rows
+from tests.events import committed_rows
+from tests.events import wait_until as wait_for
 
 WRITER_MODULE = "crawler.storage.writer.server"
 
@@ -35,27 +33,6 @@ def writer_pid(crawl_pid: int) -> int:
         f"the writer process of crawl {crawl_pid}",
     )
     return pid
-
-
-def wait_for(condition: Callable, what: str, timeout: float = 120, proc=None):
-    """Poll ``condition`` until it returns something true; fail after ``timeout`` (a
-    safety net, not a timing: the test waits for an event), or if ``proc`` exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the process exited ({proc.returncode}) before {what}")
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def committed_rows(data_dir: Path) -> int:
-    try:
-        return len(catalog_rows(data_dir))
-    except (CatalogError, sqlite3.Error):  # being created right now: not there yet
-        return 0
 
 
 def wait_for_rows(data_dir: Path, target: int, proc) -> None:
