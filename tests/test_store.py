@@ -145,3 +145,12 @@ def test_a_writer_whose_crawl_died_commits_what_reached_it(tmp_path):
     assert datadir.archives() and not datadir.open_archives()  # closed by the writer
     with Catalog(datadir.catalog_path, readonly=True) as catalog:
         assert {key: datadir.read(catalog.get(key)).body for key in bodies} == bodies
+
+
+def test_a_writer_opened_on_a_directory_not_yet_made_makes_it(tmp_path):
+    data_dir = tmp_path / "not" / "yet"
+    writer = WriterProcess(StoreConfig(data_dir=data_dir))
+    writer.put(fetch("k", b"body"))
+    assert writer.close()["rows_committed"] == 1
+    with Catalog(DataDir(data_dir).catalog_path, readonly=True) as catalog:
+        assert DataDir(data_dir).read(catalog.get("k")).body == b"body"

@@ -234,6 +234,7 @@ class DataDirLock:
     def hold_for_writer(self) -> None:
         """Hold the writer's lock until this process exits (the writer process calls
         it when it opens the store); raises StoreError when another writer holds it."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
