@@ -12,14 +12,19 @@ failed is given back to the queue.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
+from crawler.hub.workqueue import item_key
+from crawler.storage.datadir import DataDir
 from slurm.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_INTERRUPTED, TaskConfig, TaskRunner
 
 logger = logging.getLogger(__name__)
@@ -32,7 +37,29 @@ class Slot:
     k: int
     proc: subprocess.Popen | None = None
     batch: WorkBatch | None = None
+    log_offset: int = 0  # the size of its action log when the batch's crawl started
     drained: bool = False  # nothing left to lease: every item is done
+
+
+def failed_urls(log: Path, offset: int, urls: Iterable[str]) -> int:
+    """How many of *urls* ended ``error`` in the action log lines past *offset* (the
+    crawl of one batch): each listed URL ends with one final line."""
+    keys = {item_key(url) for url in urls}
+    final: dict[str, str] = {}
+    try:
+        with open(log, "rb") as stream:
+            stream.seek(offset)
+            for raw in stream:
+                try:
+                    line = json.loads(raw)
+                except ValueError:  # a line cut short by a killed crawl
+                    continue
+                key, outcome = line.get("key"), line.get("outcome")
+                if key in keys and outcome != "retry":
+                    final[key] = outcome
+    except FileNotFoundError:
+        return 0
+    return sum(1 for outcome in final.values() if outcome == "error")
 
 
 class QueueTaskRunner(TaskRunner):
@@ -102,6 +129,8 @@ class QueueTaskRunner(TaskRunner):
         local.mkdir(parents=True, exist_ok=True)
         batch_file = local / "batch.txt"
         batch_file.write_text("".join(f"{url}\n" for url in batch.urls), encoding="utf-8")
+        log = DataDir(local).action_log_path
+        slot.log_offset = log.stat().st_size if log.exists() else 0
         slot.batch = batch
         slot.proc = self.start_crawl(slot.k, self.config.command(slot.k, batch_file))
         logger.info(
@@ -120,7 +149,12 @@ class QueueTaskRunner(TaskRunner):
             done = None
         complete = code == EXIT_FINISHED and done is not None and done.held_back == 0
         try:
-            ok = self.queue.done(batch) if complete else self.queue.release(batch)
+            if complete:
+                log = DataDir(self.config.stage / f"p{slot.k}").action_log_path
+                failed = failed_urls(log, slot.log_offset, batch.urls)
+                ok = self.queue.done(batch, failed)
+            else:
+                ok = self.queue.release(batch)
         except Exception as exc:  # its lease expires and another task takes it over
             logger.error("Ending batch %d failed: %s", batch.lease_id, exc, exc_info=True)
             ok = False

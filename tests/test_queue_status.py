@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT, crawl_env, kill_group, write_urls
 from tests.events import wait_until
+from tests.servers import free_port
 
 README = (ROOT / "README.md").read_text()
 
@@ -97,3 +98,30 @@ def test_a_queue_task_on_a_sqlite_hub_and_its_status(site, tmp_path):
     )
     assert sorted(shipped_urls(data)) == sorted(urls)
     assert all(site.counts[u.split(base, 1)[1]] == 1 for u in urls)
+
+
+def test_urls_that_fail_are_counted_failed_in_queue_stats(site, tmp_path):
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    refused = f"http://127.0.0.1:{free_port()}"  # nothing listens: every attempt refused
+    good = [f"{site.base_url}/page/{n}.html" for n in range(310, 316)]
+    bad = [f"{refused}/gone/{n}" for n in range(3)]
+    url_file = write_urls(tmp_path / "urls.txt", [*good[:3], *bad, *good[3:]])
+    queue_command(hub_url, "load", "failing", str(url_file))
+    data, stage = tmp_path / "data", tmp_path / "stage"
+    stage.mkdir()
+    cmd = [sys.executable, "-m", TASK_MODULE, "--queue", "failing", "--batch", "4",
+           "--urls", str(url_file), "--data", str(data), "--stage", str(stage),
+           "--task", "0", "--tasks", "1", "--ship-every", "0.05",
+           "--", "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "RETRY_TIMES=1"]  # fmt: skip
+    with open(tmp_path / "task.log", "w") as log:
+        task = subprocess.Popen(cmd, cwd=ROOT, env=queue_env(hub_url), stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    try:
+        code = task.wait(timeout=300)
+    finally:
+        kill_group(task)
+    assert code == 0, (tmp_path / "task.log").read_text()[-3000:]
+    stats = queue_command(hub_url, "stats", "failing")
+    assert "URLs: 9 total, 0 pending, 0 leased, 0 under expired leases, 9 done (3 failed)" in (
+        stats
+    ), stats
