@@ -5,12 +5,14 @@ direct.
         [--queue-urls 200000]
 
 Lease+release operations per second with 1 and 16 client processes on a pool of
-``--proxies`` proxies (SQLite and PostgreSQL); URLs per second leased and marked done in
-batches of 1,000 and 5,000 by 16 processes on PostgreSQL; a crawl through three
-tinyproxies against the same crawl direct. Needs tinyproxy (Debian package) for the crawl
-part and a PostgreSQL server at PG_TEST_URL (default
-postgresql://postgres@127.0.0.1:5432/test) for the PostgreSQL parts; either one missing is
-reported as skipped. Takes about two minutes with the defaults.
+``--proxies`` proxies (SQLite and PostgreSQL): one operation is a lease taken and
+released; each process rotates (releases its lease and takes the next in one call,
+``ProxyPool.rotate``) as a crawl process does when requests wait for a proxy. URLs per
+second leased and marked done in batches of 1,000 and 5,000 by 16 processes on
+PostgreSQL; a crawl through three tinyproxies against the same crawl direct. Needs
+tinyproxy (Debian package) for the crawl part and a PostgreSQL server at PG_TEST_URL
+(default postgresql://postgres@127.0.0.1:5432/test) for the PostgreSQL parts; either one
+missing is reported as skipped. Takes about two minutes with the defaults.
 """
 
 from __future__ import annotations

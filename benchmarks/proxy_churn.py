@@ -23,7 +23,9 @@ from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts
 def churn(
     url: str, seconds: float, hold_seconds: float = 0.0, ttl: float = 60.0, start_at: float = 0.0
 ) -> int:
-    """Lease, hold up to *hold_seconds*, release, for *seconds*; return the leases done."""
+    """Lease, hold up to *hold_seconds*, release, for *seconds*; return the leases done
+    (taken and released). A lease is released and the next taken in one call, as a crawl
+    process's lease pool rotates when requests wait."""
     rng = random.Random()
     policy = RestPolicy(rest_seconds=0.0, ban_rest_seconds=0.0, jitter=0.0)
     done = 0
@@ -32,15 +34,21 @@ def churn(
         holder = Holder.current()
         time.sleep(max(start_at - time.time(), 0.0))
         deadline = time.monotonic() + seconds
+        lease = None
         while time.monotonic() < deadline:
-            lease = pool.acquire(holder, ttl)
             if lease is None:
-                time.sleep(rng.uniform(0.0005, 0.005))
-                continue
+                lease = pool.acquire(holder, ttl)
+                if lease is None:
+                    time.sleep(rng.uniform(0.0005, 0.005))
+                    continue
             if hold_seconds:
                 time.sleep(rng.uniform(0, hold_seconds))
-            pool.release(lease, "rotated", UsageCounts(requests=1), policy)
-            done += 1
+            released, lease = pool.rotate(
+                lease, "rotated", UsageCounts(requests=1), policy, holder, ttl
+            )
+            done += int(released)
+        if lease is not None:
+            done += int(pool.release(lease, "rotated", UsageCounts(requests=1), policy))
     return done
 
 

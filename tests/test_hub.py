@@ -238,6 +238,28 @@ def test_rest_after_rotation_and_exponential_ban_rest(pool, hub):
     assert pool.proxies()[0].consecutive_bans == 0 and pool.proxies()[0].bans == 3
 
 
+def test_rotation_releases_and_leases_the_next_proxy_never_the_same(pool, hub):
+    pool.add(["http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3"])
+    policy = RestPolicy(rest_seconds=50, ban_rest_seconds=100, jitter=0)
+    a, b = pool.acquire(HOLDER, 60), pool.acquire(HOLDER, 60)
+    released, c = pool.rotate(a, "banned", UsageCounts(3, 30, 1, 1), policy, HOLDER, 60, 2.5)
+    assert released and c is not None and c.proxy_id not in (a.proxy_id, b.proxy_id)
+    rows = {row.id: row for row in pool.usage()}
+    old, new = rows[a.lease_id], rows[c.lease_id]
+    assert (old.requests, old.bytes, old.bans, old.end_reason) == (3, 30, 1, "banned")
+    assert new.ended is None and new.waited == 2.5 and old.ended <= new.started
+    banned = next(p for p in pool.proxies() if p.id == a.proxy_id)
+    assert banned.state == "banned" and round(banned.resting_until - banned.last_used) == 100
+    # Nothing free (a's proxy rests): the release is done all the same.
+    assert pool.rotate(c, "rotated", UsageCounts(1), policy, HOLDER, 60) == (True, None)
+    assert next(r for r in pool.usage() if r.id == c.lease_id).end_reason == "rotated"
+    # A lease already ended: nothing released, and the proxy it named is not taken.
+    pool.end_rest()
+    released, d = pool.rotate(a, "rotated", UsageCounts(), policy, HOLDER, 60)
+    assert not released and d is not None and d.proxy_id != a.proxy_id
+    assert next(p for p in pool.proxies() if p.id == a.proxy_id).state == "banned"
+
+
 def test_expired_lease_is_taken_over_and_its_holder_told(pool):
     pool.add(["http://127.0.0.1:1"])
     stale = pool.acquire(HOLDER, -1)  # already expired: as if its holder had died

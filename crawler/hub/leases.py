@@ -6,7 +6,8 @@ A :class:`LeasePool` holds up to ``leases_per_process`` leases from the hub's
 of them (:meth:`LeasePool.take`), the least busy, avoiding proxies that banned the
 request. A lease stops taking requests after ``rotate_every`` of them, or at once when
 one of them finds the proxy banned, and is released (the proxy then rests in the hub)
-once every request it took has finished (:meth:`LeasePool.finish`). A heartbeat renews
+once every request it took has finished (:meth:`LeasePool.finish`); when requests are
+waiting then, the release and the next lease are one hub call (a rotation). A heartbeat renews
 held leases and reports their usage; a lease the hub gave to someone else meanwhile
 (it expired) is lost and used no more. With no lease usable and none to be had, a
 request waits, and the hub is asked again every ``poll_seconds``.
@@ -462,6 +463,9 @@ class LeasePool:
             return
         held.releasing = True
         reason, counts, policy = held.draining, held.counts.take(), self.config.rest
+        if self._waiters and self._may_acquire():
+            self._rotate(held, reason, counts)
+            return
 
         def done(ok: bool) -> None:
             self.events.released(LeaseView(held), reason, ok)
@@ -472,6 +476,44 @@ class LeasePool:
             self._forget(held)
 
         self._call(lambda: self.proxies.release(held.lease, reason, counts, policy), done, failed)
+
+    def _rotate(self, held: _Held, reason: str, counts: UsageCounts) -> None:
+        """Release *held* and lease the next proxy in one hub call: requests are waiting,
+        and one round trip instead of two is what lets a hub serve many processes."""
+        self._acquiring = True
+        started = self.clock.now()
+        waits = [w.since for w in self._waiters if w.since is not None]
+        waited = started - min(waits) if waits else 0.0
+        holder, config = self.holder, self.config
+
+        def done(result: tuple[bool, Lease | None]) -> None:
+            released, lease = result
+            self._acquiring = False
+            self.events.released(LeaseView(held), reason, released)
+            self._leases.pop(held.lease.lease_id, None)
+            if lease is None:
+                self._next_acquire = self.clock.now() + config.poll_seconds
+                self.events.none_free()
+            else:
+                new = _Held(lease, deadline=started + config.lease_ttl)
+                self._leases[lease.lease_id] = new
+                self.events.acquired(LeaseView(new), len(self._leases))
+            self._wake()
+
+        def failed(error: Exception) -> None:
+            # Whatever the hub did of it, the old lease is used no more and a new one, if
+            # taken, is never used: both expire in the hub.
+            self._acquiring = False
+            self._next_acquire = self.clock.now() + config.poll_seconds
+            self.events.hub_failed(error, f"rotating proxy #{held.lease.proxy_id}")
+            self._forget(held)
+
+        def rotate() -> tuple[bool, Lease | None]:
+            return self.proxies.rotate(
+                held.lease, reason, counts, config.rest, holder, config.lease_ttl, waited
+            )
+
+        self._call(rotate, done, failed)
 
     def _forget(self, held: _Held) -> None:
         self._leases.pop(held.lease.lease_id, None)

@@ -12,7 +12,8 @@ two live holders. A lease whose holder stopped renewing it expires and is taken 
 Releasing it lets the proxy rest (:class:`RestPolicy`) before anyone may lease it again.
 
 On PostgreSQL, taking, renewing (a whole heartbeat's leases at once) and releasing a
-lease are one statement each, so that a hub serves thousands of them per second; the
+lease are one statement each, and so is a rotation (releasing one lease and taking the
+next, :meth:`ProxyPool.rotate`), so that a hub serves thousands of them per second; the
 durability chosen for each is stated beside their SQL. SQLite runs the same steps as a
 few statements in one ``BEGIN IMMEDIATE`` transaction.
 
@@ -175,6 +176,66 @@ UPDATE hub_proxies p SET
     bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
 FROM r WHERE p.id = r.id
 RETURNING p.id
+"""
+
+
+# A rotation: release one lease and take the next in one statement (one round trip, one
+# commit instead of two). The release is the statement above, the lease the one before
+# it, which never picks the proxy being released. It commits synchronously, as taking a
+# lease does. Parameters: those of _PG_RELEASE, then the proxy released, then those of
+# _PG_ACQUIRE.
+_PG_ROTATE = """
+WITH t AS (SELECT NOW() AS now),
+cur AS (SELECT id, consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ? FOR UPDATE),
+used AS (
+    UPDATE hub_proxy_usage u SET requests = u.requests + ?, bytes = u.bytes + ?,
+        failures = u.failures + ?, bans = u.bans + ?,
+        ended = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
+            THEN (SELECT now FROM t) ELSE u.ended END,
+        end_reason = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
+            THEN ? ELSE u.end_reason END
+    WHERE u.id = ? RETURNING u.requests
+),
+r AS (
+    SELECT cur.id, t.now,
+        CASE WHEN ? THEN cur.consecutive_bans + 1 ELSE 0 END AS streak,
+        CASE WHEN NOT (? OR COALESCE((SELECT requests FROM used), 0) > 0) THEN 0.0
+            WHEN ? THEN LEAST(?::float8 * power(2, cur.consecutive_bans), ?::float8) * ?
+            ELSE ?::float8 * ? END AS rest
+    FROM cur, t
+),
+released AS (
+    UPDATE hub_proxies p SET
+        state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
+        holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
+        consecutive_bans = r.streak, total_uses = p.total_uses + ?, failures = p.failures + ?,
+        bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
+    FROM r WHERE p.id = r.id
+    RETURNING p.id
+),
+pick AS (
+    SELECT p.id, p.state, p.lease_id AS old_lease, p.lease_expires AS old_expires
+    FROM hub_proxies p
+    WHERE p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
+    AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t) AND p.id <> ?
+    ORDER BY COALESCE(p.last_used, 0), p.id LIMIT 1 FOR UPDATE SKIP LOCKED
+),
+expired AS (
+    UPDATE hub_proxy_usage u SET ended = pick.old_expires, end_reason = 'expired'
+    FROM pick WHERE pick.state = 'leased' AND u.id = pick.old_lease AND u.ended IS NULL
+),
+usage AS (
+    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
+    SELECT pick.id, ?, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
+),
+taken AS (
+    UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
+        lease_expires = usage.started + ?, stretch_uses = 0, last_used = usage.started
+    FROM usage WHERE p.id = usage.proxy_id
+    RETURNING p.id, p.url, usage.id AS lease_id, usage.started
+)
+SELECT (SELECT COUNT(*) FROM released), taken.id, taken.url, taken.lease_id, taken.started
+FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE
 """
 
 
@@ -403,12 +464,18 @@ class ProxyPool:
                 return None
             proxy_id, url, lease_id, started = rows[0]
             return Lease(lease_id, proxy_id, url, redact_url(url), started, started + ttl)
+        return self._acquire_sqlite(holder, ttl, waited)
+
+    def _acquire_sqlite(
+        self, holder: Holder, ttl: float, waited: float, avoid: int = 0
+    ) -> Lease | None:
         with self.hub.transaction() as tx:
             row = tx.execute(
                 "SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
                 "WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < NOW()) "
-                "AND COALESCE(resting_until, 0) <= NOW() "
-                "ORDER BY COALESCE(last_used, 0), id LIMIT 1" + tx.dialect.skip_locked,
+                "AND COALESCE(resting_until, 0) <= NOW() AND id <> ? "
+                "ORDER BY COALESCE(last_used, 0), id LIMIT 1",
+                (avoid,),
             ).fetchone()
             if row is None:
                 return None
@@ -510,12 +577,46 @@ class ProxyPool:
             )
         return True
 
+    def rotate(
+        self,
+        lease: Lease,
+        reason: str,
+        counts: UsageCounts,
+        policy: RestPolicy,
+        holder: Holder,
+        ttl: float,
+        waited: float = 0.0,
+    ) -> tuple[bool, Lease | None]:
+        """:meth:`release` *lease*, then :meth:`acquire` the next (never the same proxy):
+        (whether the release found the lease, the new lease or None). One statement on
+        PostgreSQL."""
+        if reason not in END_REASONS:
+            raise ValueError(f"release reason {reason!r} is not one of {END_REASONS}")
+        if self.hub.dialect.name != "postgresql":
+            released = self.release(lease, reason, counts, policy)
+            return released, self._acquire_sqlite(holder, ttl, waited, lease.proxy_id)
+        params = self._release_params(lease, reason, counts, policy) + (
+            (lease.proxy_id, holder.host, holder.pid, holder.task, waited, str(holder), ttl)
+        )
+        released, proxy_id, url, lease_id, started = self.hub.query(_PG_ROTATE, params)[0]
+        if proxy_id is None:
+            return bool(released), None
+        return bool(released), Lease(
+            lease_id, proxy_id, url, redact_url(url), started, started + ttl
+        )
+
     def _release_pg(
         self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy
     ) -> bool:
+        params = self._release_params(lease, reason, counts, policy)
+        return bool(self.hub.query(_PG_RELEASE, params))
+
+    def _release_params(
+        self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy
+    ) -> tuple[Any, ...]:
         banned = reason == "banned"
         factor = 1 + self._rng.uniform(-policy.jitter, policy.jitter)
-        params = (
+        return (
             (lease.proxy_id, lease.lease_id)
             + (counts.requests, counts.bytes, counts.failures, counts.bans, reason)
             + (lease.lease_id, banned, counts.requests > 0 or banned, banned)
@@ -523,7 +624,6 @@ class ProxyPool:
             + (max(policy.rest_seconds, 0.0), factor, banned)
             + (counts.requests, counts.failures, counts.bans, counts.requests)
         )
-        return bool(self.hub.query(_PG_RELEASE, params))
 
     def release_many(
         self, ends: Iterable[tuple[Lease, str, UsageCounts]], policy: RestPolicy | None = None
