@@ -87,6 +87,18 @@ def test_leases_are_exclusive_and_done_is_final(queue):
     assert queue.lease("f", 10, ttl=60) is None
 
 
+def test_given_back_items_behind_newer_leases_are_leased_again(queue):
+    a, b = queue.lease("a", 5, ttl=60), queue.lease("b", 5, ttl=60)
+    assert queue.release(a)  # its items lie before b's and before where leases now look
+    other = WorkQueue(queue.hub, "q1", create=False)  # another process, its own start
+    taken = []
+    while (batch := (other if len(taken) % 2 else queue).lease("c", 4, ttl=60)) is not None:
+        taken += batch.urls
+        assert queue.done(batch)
+    assert sorted(taken) == sorted(set(URLS) - set(b.urls)), "each leased once, none lost"
+    assert queue.done(b) and queue.progress().finished
+
+
 def wait_until(predicate, what: str) -> None:
     """Poll until *predicate* holds (bounded: a hub that never gets there fails the test)."""
     for _ in range(1200):

@@ -33,7 +33,7 @@ from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.storage.keys import request_key
 
-WORK_SCHEMA_VERSION = 3
+WORK_SCHEMA_VERSION = 4
 LOAD_CHUNK = 5000
 _SCHEMA_LOCK = 7302519002  # serialises concurrent creators of these tables
 
@@ -77,13 +77,28 @@ _WORK_MIGRATIONS: dict[int, list[str]] = {
     ],
     # URLs of a finished batch that failed (5xx after retries, timeouts), as its task says.
     3: ["ALTER TABLE hub_work_leases ADD COLUMN failed INTEGER NOT NULL DEFAULT 0"],
+    # Where the next lease starts looking for pending items (PostgreSQL; see _PG_CLAIM).
+    4: ["ALTER TABLE hub_work_queues ADD COLUMN next_item BIGINT NOT NULL DEFAULT 0"],
 }
 
 
-# PostgreSQL leases a batch in one statement, a transaction of its own: one round trip
-# and one commit per batch instead of six. The lease's id is drawn first, so that the
-# items and the lease row, which counts them, are written by the same statement; a lease
-# that found nothing is never written. An expired lease's batch is taken over whole.
+# PostgreSQL: many processes asking for pending items at once would all start at the
+# first one and step over every row the others have locked (FOR UPDATE SKIP LOCKED), a
+# cost that grows with the processes. So each lease first claims its own stretch of item
+# ids, the queue's next_item moved on by the batch size (a transaction of a few
+# microseconds, committed without waiting for the WAL flush: a claim lost in a crash
+# only makes two leases look in the same place), and looks for pending items from there;
+# finding none, it looks from the start, where given-back items are.
+_PG_CLAIM = """
+WITH s AS (SELECT set_config('synchronous_commit', 'off', true))
+UPDATE hub_work_queues SET next_item = GREATEST(next_item, ?) + ? FROM s WHERE id = ?
+RETURNING next_item - ?
+"""
+
+# A batch is then leased in one statement, a transaction of its own: one round trip and
+# one commit per batch instead of six. The lease's id is drawn first, so that the items
+# and the lease row, which counts them, are written by the same statement; a lease that
+# found nothing is never written. An expired lease's batch is taken over whole.
 _PG_LEASE = """
 WITH lid AS (SELECT nextval(pg_get_serial_sequence('hub_work_leases', 'id')) AS id),
 old AS (
@@ -101,7 +116,7 @@ moved AS (
 fresh AS (
     UPDATE hub_work_items i SET state = 'leased', lease_id = lid.id FROM lid
     WHERE NOT EXISTS (SELECT 1 FROM old) AND i.id IN (
-        SELECT id FROM hub_work_items WHERE queue_id = ? AND state = 'pending'
+        SELECT id FROM hub_work_items WHERE queue_id = ? AND state = 'pending' AND id >= ?
         ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)
     RETURNING i.id, i.url
 ),
@@ -112,7 +127,7 @@ made AS (
     WHERE EXISTS (SELECT 1 FROM taken) RETURNING id, expires
 )
 SELECT made.id, made.expires, (SELECT id FROM old),
-    (SELECT array_agg(url ORDER BY id) FROM taken)
+    (SELECT array_agg(url ORDER BY id) FROM taken), (SELECT MAX(id) FROM taken)
 FROM made
 """
 
@@ -224,6 +239,7 @@ class WorkQueue:
         self.name = name
         ensure_work_schema(hub)
         self.queue_id = self._queue_id(create)
+        self._next_item = 0
 
     def _queue_id(self, create: bool) -> int:
         with self.hub.transaction() as tx:
@@ -261,6 +277,14 @@ class WorkQueue:
                     "ON CONFLICT (queue_id, ukey) DO NOTHING",
                     rows,
                 )
+        if self.hub.dialect.name == "postgresql":
+            # Leases claim stretches of item ids from here (_PG_CLAIM), not from 0.
+            self.hub.execute(
+                "UPDATE hub_work_queues SET next_item = GREATEST(next_item, COALESCE((SELECT "
+                "MIN(id) FROM hub_work_items WHERE queue_id = ? AND state = 'pending'), 0)) "
+                "WHERE id = ?",
+                (self.queue_id, self.queue_id),
+            )
         added = self._count() - before
         return added, seen - added
 
@@ -315,11 +339,22 @@ class WorkQueue:
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
 
     def _lease_pg(self, holder: str, size: int, ttl: float) -> WorkBatch | None:
-        rows = self.hub.query(_PG_LEASE, (self.queue_id, self.queue_id, size, self.queue_id)
-                              + (holder, ttl))  # fmt: skip
+        claim = (self._next_item, size, self.queue_id, size)
+        start = int(self.hub.query(_PG_CLAIM, claim)[0][0])
+        batch = self._lease_pg_from(start, holder, size, ttl)
+        if batch is None and start > 0:
+            batch = self._lease_pg_from(0, holder, size, ttl)
+        return batch
+
+    def _lease_pg_from(self, start: int, holder: str, size: int, ttl: float) -> WorkBatch | None:
+        params = (self.queue_id, self.queue_id, start, size, self.queue_id, holder, ttl)
+        rows = self.hub.query(_PG_LEASE, params)
         if not rows:
             return None
-        lease_id, expires, old, urls = rows[0]
+        lease_id, expires, old, urls, last = rows[0]
+        # Past this batch: where this process's next claim starts at the earliest, so that
+        # a queue whose items are numbered far from 0 is reached at once.
+        self._next_item = max(self._next_item, int(last) + 1)
         return WorkBatch(lease_id, self.name, tuple(urls), float(expires), old)
 
     def renew(self, batch: WorkBatch, ttl: float) -> bool:
