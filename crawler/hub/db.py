@@ -66,8 +66,15 @@ class PostgresDialect(Dialect):
     skip_locked = " FOR UPDATE SKIP LOCKED"
     for_update = " FOR UPDATE"
 
+    def __init__(self) -> None:
+        self._converted: dict[str, str] = {}
+
     def sql(self, text: str) -> str:
-        return super().sql(text).replace("?", "%s")
+        # Hub calls run the same few statements over and over: convert each once.
+        converted = self._converted.get(text)
+        if converted is None:
+            converted = self._converted[text] = super().sql(text).replace("?", "%s")
+        return converted
 
 
 class Transaction:
@@ -305,7 +312,10 @@ class Hub:
             try:
                 with conn.cursor() as cur:
                     cur.execute(self.dialect.sql(sql), tuple(params))
-                    rows = list(cur.fetchall()) if cur.description is not None else []
+                    # The result's field count, not cur.description: that one builds a
+                    # column object per field, a cost a lease paid on every call.
+                    result = cur.pgresult
+                    rows = cur.fetchall() if result is not None and result.nfields else []
                     return rows, int(cur.rowcount)
             except Exception as exc:
                 self._failed(conn, exc)
