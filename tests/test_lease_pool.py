@@ -374,14 +374,17 @@ def test_close_fails_waiters_and_releases_after_calls_in_flight(hub):
     waiting = r.take()
     r.runner.hold = True
     r.pool.finish(a.token)
-    r.pool.finish(b.token)  # the rotation's release is now in flight
+    r.pool.finish(b.token)  # the rotation (release and next lease) is now in flight
     closed = []
     r.pool.close(lambda: closed.append(True))
     assert isinstance(waiting.error, PoolClosedError) and r.pool.waiting == 0
-    assert not closed, "the release in flight comes first"
+    assert not closed, "the rotation in flight comes first"
     r.runner.finish()
     assert closed and r.pool.leases == []
-    assert [row.end_reason for row in r.proxies.usage()] == ["rotated"]
+    # The lease the rotation took for the request that was waiting is released at close.
+    usage = r.proxies.usage()
+    assert [row.end_reason for row in usage] == ["rotated", "released"]
+    assert all(row.ended is not None for row in usage)
     late = r.take()
     assert isinstance(late.error, PoolClosedError)
 

@@ -7,8 +7,8 @@ of them (:meth:`LeasePool.take`), the least busy, avoiding proxies that banned t
 request. A lease stops taking requests after ``rotate_every`` of them, or at once when
 one of them finds the proxy banned, and is released (the proxy then rests in the hub)
 once every request it took has finished (:meth:`LeasePool.finish`); when requests are
-waiting then, the release and the next lease are one hub call (a rotation). A heartbeat renews
-held leases and reports their usage; a lease the hub gave to someone else meanwhile
+waiting then, the release and the next lease are one hub call (a rotation). A heartbeat
+renews held leases and reports their usage; a lease the hub gave to someone else meanwhile
 (it expired) is lost and used no more. With no lease usable and none to be had, a
 request waits, and the hub is asked again every ``poll_seconds``.
 
@@ -463,7 +463,8 @@ class LeasePool:
             return
         held.releasing = True
         reason, counts, policy = held.draining, held.counts.take(), self.config.rest
-        if self._waiters and self._may_acquire():
+        # The lease released frees its place for the next one.
+        if self._waiters and not self._acquiring and self.clock.now() >= self._next_acquire:
             self._rotate(held, reason, counts)
             return
 
