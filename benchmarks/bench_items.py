@@ -67,23 +67,23 @@ def crawl_seconds(url_file: Path, data_dir: Path, *settings: str) -> float:
     return time.perf_counter() - started
 
 
-def pipeline_ratio(site: DemoSite, pages: int, runs: int, workdir: Path) -> tuple[float, float]:
+def pipeline_ratio(site: DemoSite, pages: int, runs: int, workdir: Path) -> list[float]:
+    """Per round, pages/s with the pipeline over pages/s without it: whole crawl
+    processes, in alternating order (ABBA...), so that a drift of the machine's load
+    weighs on both sides alike."""
     urls = workdir / "products.txt"
     urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
-    with_items, without = [], []
+    without_items = ("-s", "ITEM_PIPELINES={}", "-s", "CATALOG_ITEMS_ENABLED=0")
+    ratios = []
     for run in range(runs):
-        with_items.append(crawl_seconds(urls, workdir / f"with{run}"))
-        without.append(
-            crawl_seconds(
-                urls,
-                workdir / f"without{run}",
-                "-s",
-                "ITEM_PIPELINES={}",
-                "-s",
-                "CATALOG_ITEMS_ENABLED=0",
-            )
-        )
-    return pages / statistics.median(with_items), pages / statistics.median(without)
+        order = (True, False) if run % 2 == 0 else (False, True)
+        seconds = {}
+        for items in order:
+            name = f"{'with' if items else 'without'}{run}"
+            args = () if items else without_items
+            seconds[items] = crawl_seconds(urls, workdir / name, *args)
+        ratios.append(seconds[False] / seconds[True])
+    return ratios
 
 
 def follow_lag(site: DemoSite, pages: int, workdir: Path) -> float:
@@ -118,7 +118,7 @@ def follow_lag(site: DemoSite, pages: int, workdir: Path) -> float:
         follower.wait()
 
 
-def run(items: int = 200_000, pages: int = 2000, runs: int = 3) -> list[str]:
+def run(items: int = 200_000, pages: int = 2000, runs: int = 6) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bench-items-") as tmp:
         workdir = Path(tmp)
         rate, stored = writer_items_per_second(items, workdir)
@@ -126,11 +126,11 @@ def run(items: int = 200_000, pages: int = 2000, runs: int = 3) -> list[str]:
         site = DemoSite(pages=pages)
         site.start()
         try:
-            with_items, without = pipeline_ratio(site, pages, runs, workdir)
+            ratios = pipeline_ratio(site, pages, runs, workdir)
             lines.append(
-                f"products crawl, {pages:,} pages, median of {runs}: {with_items:,.0f} pages/s "
-                f"with the item pipeline, {without:,.0f} without (ratio "
-                f"{with_items / without:.2f})"
+                f"products crawl, {pages:,} pages, {runs} alternating rounds: pages/s with "
+                f"the item pipeline / without, median {statistics.median(ratios):.2f} "
+                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
             )
             lag = follow_lag(site, pages, workdir)
             lines.append(f"reparse --follow: caught up {lag:.2f} s after the crawl ended")
@@ -143,7 +143,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--pages", type=int, default=2000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=6, help="rounds of the products crawl")
     args = parser.parse_args()
     for line in run(args.items, args.pages, args.runs):
         print(line)

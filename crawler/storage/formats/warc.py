@@ -13,7 +13,6 @@ reader, indexer, repair), so that adding one touches the registry and one new fi
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import os
@@ -49,6 +48,7 @@ from crawler.storage.records import (
     Indexed,
     Row,
     StoredRecord,
+    b32_digest,
     fetch_row,
     header,
     payload_digest,
@@ -337,7 +337,7 @@ def _line_bytes(line: str) -> bytes:
 
 
 def _b32(digest: bytes) -> str:
-    return base64.b32encode(digest).decode("ascii")
+    return b32_digest(digest)
 
 
 def _reason(status: int) -> str:
