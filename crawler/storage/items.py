@@ -51,6 +51,20 @@ CREATE TABLE IF NOT EXISTS {FOLLOW_TABLE} (
     seq INTEGER NOT NULL,
     pages INTEGER NOT NULL
 )"""
+# A follower of a Slurm DATA/: its position in each shipped catalog's page log. A
+# shipment leaves out the pages whose archive is not shipped yet, and a later one
+# brings them with their earlier numbers: ``gaps`` lists the numbers below ``seq``
+# not seen yet (JSON), so that they are parsed when they come.
+FOLLOW_SHIPPED_TABLE = "_follow_shipped"
+FOLLOW_SHIPPED_SQL = f"""
+CREATE TABLE IF NOT EXISTS {FOLLOW_SHIPPED_TABLE} (
+    spider TEXT NOT NULL,
+    catalog TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    gaps TEXT NOT NULL,
+    pages INTEGER NOT NULL,
+    PRIMARY KEY (spider, catalog)
+)"""
 
 
 def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[str]:
@@ -321,11 +335,16 @@ class ItemTableWriter:
         self.catalog = Catalog(catalog_path)
         self.tables = ItemTables(self.catalog.conn)
 
-    def write(self, pages: list[PageItems], follow: tuple[str, int, int] | None = None) -> int:
+    def write(
+        self,
+        pages: list[PageItems],
+        follow: tuple[str, int, int] | None = None,
+        shipped: tuple[str, str, int, list[int], int] | None = None,
+    ) -> int:
         """Replace ``pages``' items; ``follow``: (spider, page log position reached,
-        pages read), saved in the same transaction so a follower resumes exactly
-        after them."""
-        if not pages and follow is None:
+        pages read), or ``shipped``: (spider, shipped catalog, position, gaps, pages
+        read), saved in the same transaction so a follower resumes exactly after them."""
+        if not pages and follow is None and shipped is None:
             return 0
         with self.catalog.transaction():
             n = self.tables.replace_many(pages) if pages else 0
@@ -336,7 +355,24 @@ class ItemTableWriter:
                     "DO UPDATE SET seq = excluded.seq, pages = pages + excluded.pages",
                     follow,
                 )
+            if shipped is not None:
+                spider, catalog, seq, gaps, read = shipped
+                self.catalog.conn.execute(FOLLOW_SHIPPED_SQL)
+                self.catalog.conn.execute(
+                    f"INSERT INTO {FOLLOW_SHIPPED_TABLE} VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (spider, catalog) DO UPDATE SET seq = excluded.seq, "
+                    "gaps = excluded.gaps, pages = pages + excluded.pages",
+                    (spider, catalog, seq, json.dumps(sorted(gaps)), read),
+                )
         return n
+
+    def shipped_positions(self, spider: str) -> dict[str, tuple[int, set[int]]]:
+        """Shipped catalog name -> (position, gaps) a follower of ``spider`` reached."""
+        self.catalog.conn.execute(FOLLOW_SHIPPED_SQL)
+        got = self.catalog.conn.execute(
+            f"SELECT catalog, seq, gaps FROM {FOLLOW_SHIPPED_TABLE} WHERE spider = ?", (spider,)
+        )
+        return {name: (seq, set(json.loads(gaps))) for name, seq, gaps in got}
 
     def follow_position(self, spider: str) -> int:
         """The page log position a follower of ``spider`` reached (0: none)."""
