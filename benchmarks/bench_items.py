@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 import signal
 import sqlite3
 import statistics
@@ -58,23 +59,30 @@ def writer_items_per_second(items: int, workdir: Path) -> tuple[float, int]:
     return summary["items"] / seconds, summary["items"]
 
 
-def crawl_seconds(url_file: Path, data_dir: Path, *settings: str) -> float:
+def crawl_seconds(url_file: Path, data_dir: Path, *settings: str) -> tuple[float, float]:
     cmd = [sys.executable, "-m", "scrapy", "crawl", "products", "-a", f"urls={url_file}"]
     cmd += ["-s", f"DATA_DIR={data_dir}", "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "LOG_LEVEL=WARNING"]
     cmd += ["-s", "ROBOTSTXT_OBEY=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=32", *settings]
     started = time.perf_counter()
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    return time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU of the crawl and its writer process (waited for by the crawl): less
+    # sensitive than the wall time to what else the machine runs.
+    used = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+    return time.perf_counter() - started, used
 
 
-def pipeline_ratio(site: DemoSite, pages: int, runs: int, workdir: Path) -> list[float]:
-    """Per round, pages/s with the pipeline over pages/s without it: whole crawl
-    processes, in alternating order (ABBA...), so that a drift of the machine's load
-    weighs on both sides alike."""
+def pipeline_ratio(
+    site: DemoSite, pages: int, runs: int, workdir: Path
+) -> tuple[list[float], list[float]]:
+    """Per round, pages/s with the pipeline over pages/s without it, by wall time and
+    by CPU time: whole crawl processes, in alternating order (ABBA...), so that a drift
+    of the machine's load weighs on both sides alike."""
     urls = workdir / "products.txt"
     urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
     without_items = ("-s", "ITEM_PIPELINES={}", "-s", "CATALOG_ITEMS_ENABLED=0")
-    ratios = []
+    wall, cpu = [], []
     for run in range(runs):
         order = (True, False) if run % 2 == 0 else (False, True)
         seconds = {}
@@ -82,8 +90,9 @@ def pipeline_ratio(site: DemoSite, pages: int, runs: int, workdir: Path) -> list
             name = f"{'with' if items else 'without'}{run}"
             args = () if items else without_items
             seconds[items] = crawl_seconds(urls, workdir / name, *args)
-        ratios.append(seconds[False] / seconds[True])
-    return ratios
+        wall.append(seconds[False][0] / seconds[True][0])
+        cpu.append(seconds[False][1] / seconds[True][1])
+    return wall, cpu
 
 
 def follow_progress(db: Path) -> tuple[int, int] | None:
@@ -145,17 +154,18 @@ def run(items: int = 200_000, pages: int = 2000, runs: int = 6) -> list[str]:
         site = DemoSite(pages=pages)
         site.start()
         try:
-            ratios = pipeline_ratio(site, pages, runs, workdir)
-            lines.append(
-                f"products crawl, {pages:,} pages, {runs} alternating rounds: pages/s with "
-                f"the item pipeline / without, median {statistics.median(ratios):.2f} "
-                f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
-            )
+            wall, cpu = pipeline_ratio(site, pages, runs, workdir)
+            for what, ratios in (("pages/s", wall), ("pages per CPU second", cpu)):
+                lines.append(
+                    f"products crawl, {pages:,} pages, {runs} alternating rounds: {what} "
+                    f"with the item pipeline / without, median {statistics.median(ratios):.2f} "
+                    f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+                )
             rate, behind, lag = follow_lag(site, pages, workdir)
             lines.append(
                 f"reparse products --follow beside a site crawl of {pages:,} pages at full "
-                f"speed ({rate:,.0f} pages/s): at most {behind:,} pages behind, caught up "
-                f"{lag:.2f} s after the crawl ended"
+                f"speed ({rate:,.0f} pages/s): at most {behind:,} pages behind "
+                f"({behind / rate:.1f} s of crawl), caught up {lag:.2f} s after the crawl ended"
             )
         finally:
             site.stop()
