@@ -139,7 +139,7 @@ def test_follow_over_a_slurm_data_dir_parses_every_shipped_page_once(site, tmp_p
     """Two tasks ship into DATA/ while the follower reads the shipped catalogs; killed
     twice, then --until-idle: each page parsed once, into DATA/derived/items.db."""
     pages = 160
-    urls = [f"{site.base_url}/slow/{n}?ms=250" for n in range(pages)]
+    urls = [f"{site.base_url}/slow/{n}?ms=400" for n in range(pages)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
     data = tmp_path / "DATA"
     tasks = [
