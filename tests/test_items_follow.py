@@ -74,7 +74,11 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
             kill_group(proc, signal.SIGKILL)
             at_kill.append(followed(data_dir))
         # SIGTERM: it finishes the batch in hand and exits cleanly.
-        proc = follower(data_dir, tmp_path / "follow-term.log")
+        term_log = tmp_path / "follow-term.log"
+        proc = follower(data_dir, term_log, "-s", "LOG_LEVEL=INFO")
+        # Its handler is installed once it says where it starts (a loaded machine may
+        # have let the crawl and the follower before it finish every page).
+        wait_until(lambda: "Following" in term_log.read_text(), "the follower to start")
         wait_until(
             lambda: followed(data_dir) > at_kill[-1] or followed(data_dir) == PAGES,
             "more pages followed",
@@ -169,6 +173,8 @@ def test_follow_over_a_slurm_data_dir_parses_every_shipped_page_once(site, tmp_p
             shipped += [row.key for row in opened.rows()]
     assert len(shipped) == len(set(shipped)) == pages
     assert shipped_followed(data) == pages
+    # Started before the first shipment, it waited for one (no catalog of its own in DATA/).
+    assert not (data / "metadata.db").exists()
     path = data / "derived" / "items.db"
     with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
         parsed = [

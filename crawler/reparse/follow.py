@@ -110,7 +110,9 @@ class Follow:
         Reparser(*init)  # fail fast on a bad spider or callback
         workers = config.worker_count
         summary = FollowSummary()
-        shipped = self.items_db is not None or shipped_mode(self.datadir)
+        shipped = self._wait_for_data()
+        if shipped is None:
+            return summary
         if shipped:
             self.items_db = Path(self.items_db or default_items_db(self.datadir))
             self.items_db.parent.mkdir(parents=True, exist_ok=True)
@@ -132,8 +134,24 @@ class Follow:
             writer.close()
         return summary
 
+    def _wait_for_data(self) -> bool | None:
+        """Whether the data directory is a Slurm DATA/ (True) or a crawl's (False), once
+        it shows which: a crawl creates its catalog as it starts, a Slurm task creates
+        ``catalogs/`` at its first shipment. None: stopped, or idle, before that."""
+        waiting_since = time.monotonic()
+        while not self.stopping:
+            if self.items_db is not None or shipped_mode(self.datadir):
+                return True
+            if self.datadir.catalog_path.exists():
+                return False
+            if self.until_idle is not None and time.monotonic() - waiting_since >= self.until_idle:
+                return None
+            time.sleep(self.poll)
+        return None
+
     def _loop(self, writer: ItemTableWriter, pool, summary: FollowSummary) -> None:
         position = writer.follow_position(self.config.spider)
+        logger.info("Following %s from page log position %d", self.datadir.root, position)
         idle_since = time.monotonic()
         while not self.stopping:
             logged = writer.logged_rows(position, BATCH_PAGES)
