@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 import signal
 import sqlite3
 import statistics
@@ -58,67 +59,94 @@ def writer_items_per_second(items: int, workdir: Path) -> tuple[float, int]:
     return summary["items"] / seconds, summary["items"]
 
 
-def crawl_seconds(url_file: Path, data_dir: Path, *settings: str) -> float:
+def crawl_seconds(url_file: Path, data_dir: Path, *settings: str) -> tuple[float, float]:
     cmd = [sys.executable, "-m", "scrapy", "crawl", "products", "-a", f"urls={url_file}"]
     cmd += ["-s", f"DATA_DIR={data_dir}", "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "LOG_LEVEL=WARNING"]
     cmd += ["-s", "ROBOTSTXT_OBEY=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=32", *settings]
     started = time.perf_counter()
+    cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    return time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU of the crawl and its writer process (waited for by the crawl): less
+    # sensitive than the wall time to what else the machine runs.
+    used = after.ru_utime + after.ru_stime - cpu.ru_utime - cpu.ru_stime
+    return time.perf_counter() - started, used
 
 
-def pipeline_ratio(site: DemoSite, pages: int, runs: int, workdir: Path) -> tuple[float, float]:
+def pipeline_ratio(
+    site: DemoSite, pages: int, runs: int, workdir: Path
+) -> tuple[list[float], list[float]]:
+    """Per round, pages/s with the pipeline over pages/s without it, by wall time and
+    by CPU time: whole crawl processes, in alternating order (ABBA...), so that a drift
+    of the machine's load weighs on both sides alike."""
     urls = workdir / "products.txt"
     urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
-    with_items, without = [], []
+    without_items = ("-s", "ITEM_PIPELINES={}", "-s", "CATALOG_ITEMS_ENABLED=0")
+    wall, cpu = [], []
     for run in range(runs):
-        with_items.append(crawl_seconds(urls, workdir / f"with{run}"))
-        without.append(
-            crawl_seconds(
-                urls,
-                workdir / f"without{run}",
-                "-s",
-                "ITEM_PIPELINES={}",
-                "-s",
-                "CATALOG_ITEMS_ENABLED=0",
-            )
-        )
-    return pages / statistics.median(with_items), pages / statistics.median(without)
+        order = (True, False) if run % 2 == 0 else (False, True)
+        seconds = {}
+        for items in order:
+            name = f"{'with' if items else 'without'}{run}"
+            args = () if items else without_items
+            seconds[items] = crawl_seconds(urls, workdir / name, *args)
+        wall.append(seconds[False][0] / seconds[True][0])
+        cpu.append(seconds[False][1] / seconds[True][1])
+    return wall, cpu
 
 
-def follow_lag(site: DemoSite, pages: int, workdir: Path) -> float:
-    """Seconds from the crawl's end until the follower has read every page."""
+def follow_progress(db: Path) -> tuple[int, int] | None:
+    """(pages the crawl logged, pages the follower read), None before both exist."""
+    with contextlib.suppress(sqlite3.OperationalError):
+        connect = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)
+        with contextlib.closing(connect) as conn:
+            (logged,) = conn.execute("SELECT count(*) FROM _page_log").fetchone()
+            got = conn.execute("SELECT pages FROM _follow_progress").fetchone()
+            return logged, got[0] if got else 0
+    return None
+
+
+def follow_lag(site: DemoSite, pages: int, workdir: Path) -> tuple[float, float, int]:
+    """A ``site`` crawl at full speed (no throttle, 32 requests per domain) with
+    ``reparse products --follow`` beside it: the crawl's pages/s, the most pages the
+    follower was behind while the crawl ran, and the seconds from the crawl's end
+    until the follower had read every page."""
     urls = workdir / "follow.txt"
     urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
     data = workdir / "follow-data"
     common = ["-s", f"DATA_DIR={data}", "-s", "LOG_LEVEL=WARNING"]
+    started = time.perf_counter()
     crawl = subprocess.Popen(
         [sys.executable, "-m", "scrapy", "crawl", "site", "-a", f"urls={urls}", *common]
-        + ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "ROBOTSTXT_OBEY=0"],
+        + ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "ROBOTSTXT_OBEY=0"]
+        + ["-s", "CONCURRENT_REQUESTS_PER_DOMAIN=32"],
         cwd=ROOT,
     )
     time.sleep(0.5)  # the follower waits for the catalog the crawl creates
     follower = subprocess.Popen(
         [sys.executable, "-m", "scrapy", "reparse", "products", "--follow", *common], cwd=ROOT
     )
-    crawl.wait()
-    ended = time.perf_counter()
     db = data / "metadata.db"
+    behind = 0
     try:
+        while crawl.poll() is None:
+            got = follow_progress(db)
+            if got is not None and got[1]:  # once the follower has started reading
+                behind = max(behind, got[0] - got[1])
+            time.sleep(0.1)
+        ended = time.perf_counter()
+        rate = pages / (ended - started)
         while True:
-            connect = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-            with contextlib.closing(connect) as conn, contextlib.suppress(sqlite3.OperationalError):
-                (logged,) = conn.execute("SELECT count(*) FROM _page_log").fetchone()
-                got = conn.execute("SELECT pages FROM _follow_progress").fetchone()
-                if got and got[0] >= logged:
-                    return time.perf_counter() - ended
+            got = follow_progress(db)
+            if got is not None and got[1] >= got[0]:
+                return rate, behind, time.perf_counter() - ended
             time.sleep(0.05)
     finally:
         follower.send_signal(signal.SIGTERM)
         follower.wait()
 
 
-def run(items: int = 200_000, pages: int = 2000, runs: int = 3) -> list[str]:
+def run(items: int = 200_000, pages: int = 2000, runs: int = 6) -> list[str]:
     with tempfile.TemporaryDirectory(prefix="bench-items-") as tmp:
         workdir = Path(tmp)
         rate, stored = writer_items_per_second(items, workdir)
@@ -126,14 +154,19 @@ def run(items: int = 200_000, pages: int = 2000, runs: int = 3) -> list[str]:
         site = DemoSite(pages=pages)
         site.start()
         try:
-            with_items, without = pipeline_ratio(site, pages, runs, workdir)
+            wall, cpu = pipeline_ratio(site, pages, runs, workdir)
+            for what, ratios in (("pages/s", wall), ("pages per CPU second", cpu)):
+                lines.append(
+                    f"products crawl, {pages:,} pages, {runs} alternating rounds: {what} "
+                    f"with the item pipeline / without, median {statistics.median(ratios):.2f} "
+                    f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+                )
+            rate, behind, lag = follow_lag(site, pages, workdir)
             lines.append(
-                f"products crawl, {pages:,} pages, median of {runs}: {with_items:,.0f} pages/s "
-                f"with the item pipeline, {without:,.0f} without (ratio "
-                f"{with_items / without:.2f})"
+                f"reparse products --follow beside a site crawl of {pages:,} pages at full "
+                f"speed ({rate:,.0f} pages/s): at most {behind:,} pages behind "
+                f"({behind / rate:.1f} s of crawl), caught up {lag:.2f} s after the crawl ended"
             )
-            lag = follow_lag(site, pages, workdir)
-            lines.append(f"reparse --follow: caught up {lag:.2f} s after the crawl ended")
         finally:
             site.stop()
     return lines
@@ -143,7 +176,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--pages", type=int, default=2000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=6, help="rounds of the products crawl")
     args = parser.parse_args()
     for line in run(args.items, args.pages, args.runs):
         print(line)

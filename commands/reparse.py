@@ -76,6 +76,13 @@ class Command(ScrapyCommand):
             "came for SECONDS",
         )
         parser.add_argument(
+            "--items-db",
+            metavar="FILE",
+            help="--follow over a Slurm DATA/ (DATA_DIR with catalogs/): the database the "
+            "items and the position in each shipped catalog go to (default "
+            "DATA_DIR/derived/items.db)",
+        )
+        parser.add_argument(
             "-a",
             dest="spargs",
             action="append",
@@ -107,6 +114,8 @@ class Command(ScrapyCommand):
             )
         if opts.until_idle is not None and not opts.follow:
             raise UsageError("--until-idle goes with --follow", print_help=False)
+        if opts.items_db and not opts.follow:
+            raise UsageError("--items-db goes with --follow", print_help=False)
         if opts.limit is not None and opts.limit < 0:
             raise UsageError("--limit takes a number of 0 or more", print_help=False)
         config = ReparseConfig(
@@ -122,7 +131,7 @@ class Command(ScrapyCommand):
             settings=overrides(self.settings),
         )
         if opts.follow:
-            self._follow(config, opts.until_idle)
+            self._follow(config, opts.until_idle, Path(opts.items_db) if opts.items_db else None)
             return
         try:
             summary = Reparse(config).run()
@@ -141,9 +150,11 @@ class Command(ScrapyCommand):
             )
         self.exitcode = summary.exit_code
 
-    def _follow(self, config: ReparseConfig, until_idle: float | None) -> None:
+    def _follow(
+        self, config: ReparseConfig, until_idle: float | None, items_db: Path | None
+    ) -> None:
         try:
-            summary = Follow(config, until_idle).run()
+            summary = Follow(config, until_idle, items_db=items_db).run()
         except (ReparseError, CatalogError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1

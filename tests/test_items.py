@@ -8,6 +8,7 @@ import sqlite3
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
+from crawler.storage.items import ItemRow, ItemTableWriter, PageItems
 from tests.checks import actions, catalog_rows
 from tests.conftest import project_settings, write_urls
 from tests.item_spiders import ItemsSpider
@@ -177,3 +178,30 @@ async def test_merged_catalogs_keep_the_items_of_the_newest_fetch(site, tmp_path
     gone = {row.url: k for k, row in rows.items()}[urls[0]]
     for table in ("page_item", "items", "link_out", "pages_by_url", "_item_pages"):
         assert query(out, f"SELECT count(*) FROM {table} WHERE _key = ?", (gone,)) == [(0,)]
+
+
+def test_a_batch_of_pages_is_written_as_one_page_after_the_other(tmp_path):
+    """Rows of a batch go in runs of one shape over all pages: the outcome is that of
+    writing the pages in order (a page given twice keeps its last items, a natural key
+    given twice its last row)."""
+    writer = ItemTableWriter(tmp_path / "metadata.db")
+    at = "2026-01-01T00:00:00Z"
+
+    def page(key, *rows):
+        return PageItems(key, "s", list(rows), at, replace=True)
+
+    def sku(name, price):
+        return ItemRow("sku", {"sku": name, "price": price}, natural_key=("sku",))
+
+    a1 = ItemRow("thing", {"n": 1})
+    a2 = ItemRow("thing", {"n": 2, "extra": "x"})  # another shape: a new column
+    writer.write([page("a", a1, a1, a1), page("b", a1, sku("s1", 1.0))])
+    writer.write([page("a", a2), page("b", sku("s1", 2.0)), page("c", sku("s1", 3.0))])
+    writer.write([page("a", a1, a1, a1), page("a", a2, a1)])
+    conn = writer.catalog.conn
+    things = conn.execute("SELECT _key, _seq, n, extra FROM thing ORDER BY _key, _seq").fetchall()
+    assert things == [("a", 0, 2, "x"), ("a", 1, 1, None)]
+    assert conn.execute("SELECT _key, sku, price FROM sku").fetchall() == [("c", "s1", 3.0)]
+    pages = conn.execute("SELECT _key, items FROM _item_pages ORDER BY _key").fetchall()
+    assert pages == [("a", 2), ("b", 1), ("c", 1)]
+    writer.close()

@@ -85,9 +85,15 @@ def _copy_table(conn: sqlite3.Connection, table: str) -> int:
             "SELECT sql FROM src.sqlite_master WHERE type = 'table' AND name = ?", (table,)
         ).fetchone()
         conn.execute(sql)  # created in main
-        conn.execute(
-            f"CREATE INDEX IF NOT EXISTS main.{q(table + '_by_key')} ON {q(table)} (_key, _spider)"
-        )
+        # Tables keyed by (_key, _seq) are searched by that key; a natural key's table
+        # has an index of its pages (ItemTables.ensure).
+        index = table + "_by_key"
+        if conn.execute(
+            "SELECT 1 FROM src.sqlite_master WHERE type = 'index' AND name = ?", (index,)
+        ).fetchone():
+            conn.execute(
+                f"CREATE INDEX IF NOT EXISTS main.{q(index)} ON {q(table)} (_key, _spider)"
+            )
     for column, decl in src_cols.items():
         if have and column not in have:
             conn.execute(f"ALTER TABLE main.{q(table)} ADD COLUMN {q(column)} {decl}".rstrip())

@@ -51,6 +51,20 @@ CREATE TABLE IF NOT EXISTS {FOLLOW_TABLE} (
     seq INTEGER NOT NULL,
     pages INTEGER NOT NULL
 )"""
+# A follower of a Slurm DATA/: its position in each shipped catalog's page log. A
+# shipment leaves out the pages whose archive is not shipped yet, and a later one
+# brings them with their earlier numbers: ``gaps`` lists the numbers below ``seq``
+# not seen yet (JSON), so that they are parsed when they come.
+FOLLOW_SHIPPED_TABLE = "_follow_shipped"
+FOLLOW_SHIPPED_SQL = f"""
+CREATE TABLE IF NOT EXISTS {FOLLOW_SHIPPED_TABLE} (
+    spider TEXT NOT NULL,
+    catalog TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    gaps TEXT NOT NULL,
+    pages INTEGER NOT NULL,
+    PRIMARY KEY (spider, catalog)
+)"""
 
 
 def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[str]:
@@ -84,12 +98,32 @@ class ItemRow:
     natural_key: tuple[str, ...] = ()
 
 
+# A page's items as they cross to the writer process and are inserted: runs of
+# consecutive rows of one shape, (table, field names, declared types, natural key,
+# [value tuples]). Tuples pickle several times faster than dataclasses and dicts that
+# repeat every field name, and each run is one executemany.
+Run = tuple[str, tuple[str, ...], dict[str, str], tuple[str, ...], list[tuple]]
+
+
+def runs_of(rows: list[ItemRow]) -> list[Run]:
+    runs: list[Run] = []
+    last = None
+    for row in rows:
+        shape = (row.table, tuple(row.values), row.types, row.natural_key)
+        if shape != last:
+            runs.append((*shape, []))
+            last = shape
+        runs[-1][4].append(tuple(row.values.values()))
+    return runs
+
+
 @dataclass
 class PageItems:
     """The items one callback yielded for the page of catalog key ``key``.
 
     ``replace``: the page was answered from the catalog (or is parsed again), so its
     items replace those stored, whether or not a row of this run goes with them.
+    ``rows`` on the crawl's side; the writer gets them as ``runs`` (:func:`runs_of`).
     """
 
     key: str
@@ -98,16 +132,25 @@ class PageItems:
     parsed_at: str
     replace: bool = False
     log: bool = False  # a row indexed by a recovery: new to followers too
+    _runs: list[Run] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def runs(self) -> list[Run]:
+        if self._runs is None:
+            self._runs = runs_of(self.rows)
+        return self._runs
+
+    @property
+    def count(self) -> int:
+        return sum(len(run[4]) for run in self.runs) if self._runs is not None else len(self.rows)
 
     def to_wire(self) -> tuple:
-        """Plain tuples: they pickle several times faster than dataclasses."""
-        rows = [(r.table, r.values, r.types, r.natural_key) for r in self.rows]
-        return (self.key, self.spider, rows, self.parsed_at, self.replace, self.log)
+        return (self.key, self.spider, self.runs, self.parsed_at, self.replace, self.log)
 
     @classmethod
     def from_wire(cls, wire: tuple) -> PageItems:
-        key, spider, rows, parsed_at, replace, log = wire
-        return cls(key, spider, [ItemRow(*r) for r in rows], parsed_at, replace, log)
+        key, spider, runs, parsed_at, replace, log = wire
+        return cls(key, spider, [], parsed_at, replace, log, runs)
 
 
 def quote(name: str) -> str:
@@ -185,10 +228,14 @@ class ItemTables:
             cols += [f"{quote(c)} {types[c]}".rstrip() for c in row.values]
             cols.append(f"PRIMARY KEY ({', '.join(map(quote, pk))})")
             self.conn.execute(f"CREATE TABLE IF NOT EXISTS {quote(row.table)} ({', '.join(cols)})")
-            self.conn.execute(
-                f"CREATE INDEX IF NOT EXISTS {quote(row.table + '_by_key')} "
-                f"ON {quote(row.table)} (_key, _spider)"
-            )
+            if row.natural_key:
+                # A page's items are found (and replaced) by _key: the primary key
+                # (_key, _seq) serves; a natural key needs its own index, kept on
+                # every insert.
+                self.conn.execute(
+                    f"CREATE INDEX IF NOT EXISTS {quote(row.table + '_by_key')} "
+                    f"ON {quote(row.table)} (_key, _spider)"
+                )
             known.update(META_COLUMNS, row.values)
             return
         for column in missing:
@@ -210,33 +257,74 @@ class ItemTables:
         )
 
     def replace(self, page: PageItems) -> int:
-        """Delete the page's previous items of its spider, insert ``page.rows``."""
-        prev = self.conn.execute(
-            f"SELECT tables FROM {PAGES_TABLE} WHERE _key = ? AND _spider = ?",
-            (page.key, page.spider),
-        ).fetchone()
-        for table in json.loads(prev[0]) if prev else ():
-            if self.columns(table):
-                self.conn.execute(
-                    f"DELETE FROM {quote(table)} WHERE _key = ? AND _spider = ?",
-                    (page.key, page.spider),
+        return self.replace_many([page])
+
+    def _previous(self, pages: list[PageItems]) -> dict[str, list[tuple[str, str]]]:
+        """Table -> (key, spider) of the stored items of ``pages``."""
+        by_spider: dict[str, list[str]] = {}
+        for page in pages:
+            by_spider.setdefault(page.spider, []).append(page.key)
+        found: dict[str, list[tuple[str, str]]] = {}
+        for spider, keys in by_spider.items():
+            for i in range(0, len(keys), 500):
+                chunk = keys[i : i + 500]
+                sql = (
+                    f"SELECT _key, tables FROM {PAGES_TABLE} WHERE _spider = ? "
+                    f"AND _key IN ({', '.join('?' * len(chunk))})"
                 )
-        groups: dict[tuple[str, tuple[str, ...]], list[tuple]] = {}
-        for seq, row in enumerate(page.rows):
-            shape = (row.table, tuple(row.values))
-            if shape not in self._shapes:
-                self.ensure(row)
-                self._shapes[shape] = self._insert_sql(*shape)
-            meta = (page.key, seq, page.spider, page.parsed_at)
-            groups.setdefault(shape, []).append((*meta, *row.values.values()))
-        for shape, params in groups.items():
-            self.conn.executemany(self._shapes[shape], params)
-        tables = {table: None for table, _ in groups}
-        self.conn.execute(
-            f"INSERT OR REPLACE INTO {PAGES_TABLE} VALUES (?, ?, ?, ?, ?)",
-            (page.key, page.spider, json.dumps(list(tables)), len(page.rows), page.parsed_at),
+                for key, tables in self.conn.execute(sql, (spider, *chunk)):
+                    for table in json.loads(tables):
+                        found.setdefault(table, []).append((key, spider))
+        return found
+
+    def replace_many(self, pages: list[PageItems]) -> int:
+        """Delete the pages' previous items of their spider, insert their rows: as if
+        one page after the other (a page given twice keeps its last items)."""
+        latest = {(page.key, page.spider): page for page in pages}
+        if len(latest) < len(pages):
+            pages = list(latest.values())
+        for table, params in self._previous(pages).items():
+            if self.columns(table):
+                self.conn.executemany(
+                    f"DELETE FROM {quote(table)} WHERE _key = ? AND _spider = ?", params
+                )
+        # Consecutive rows of one shape, over all pages, in one executemany: in order,
+        # so that a natural key given twice keeps its last row.
+        sql = None
+        params: list[tuple] = []
+        summaries = []
+        n = 0
+        for page in pages:
+            meta = (page.key, page.spider, page.parsed_at)
+            seq = 0
+            tables: dict[str, None] = {}
+            for run in page.runs:
+                table, fields, types, natural, values = run
+                shape = (table, fields)
+                insert = self._shapes.get(shape)
+                if insert is None:
+                    self.ensure(
+                        ItemRow(table, dict(zip(fields, values[0], strict=True)), types, natural)
+                    )
+                    insert = self._shapes[shape] = self._insert_sql(*shape)
+                if insert is not sql:
+                    if params:
+                        self.conn.executemany(sql, params)
+                        params = []
+                    sql = insert
+                key, spider, parsed_at = meta
+                for i, vals in enumerate(values, seq):
+                    params.append((key, i, spider, parsed_at, *vals))
+                seq += len(values)
+                tables[table] = None
+            summaries.append((page.key, page.spider, json.dumps(list(tables)), seq, page.parsed_at))
+            n += seq
+        if params:
+            self.conn.executemany(sql, params)
+        self.conn.executemany(
+            f"INSERT OR REPLACE INTO {PAGES_TABLE} VALUES (?, ?, ?, ?, ?)", summaries
         )
-        return len(page.rows)
+        return n
 
 
 class ItemTableWriter:
@@ -247,14 +335,19 @@ class ItemTableWriter:
         self.catalog = Catalog(catalog_path)
         self.tables = ItemTables(self.catalog.conn)
 
-    def write(self, pages: list[PageItems], follow: tuple[str, int, int] | None = None) -> int:
+    def write(
+        self,
+        pages: list[PageItems],
+        follow: tuple[str, int, int] | None = None,
+        shipped: tuple[str, str, int, list[int], int] | None = None,
+    ) -> int:
         """Replace ``pages``' items; ``follow``: (spider, page log position reached,
-        pages read), saved in the same transaction so a follower resumes exactly
-        after them."""
-        if not pages and follow is None:
+        pages read), or ``shipped``: (spider, shipped catalog, position, gaps, pages
+        read), saved in the same transaction so a follower resumes exactly after them."""
+        if not pages and follow is None and shipped is None:
             return 0
         with self.catalog.transaction():
-            n = sum(self.tables.replace(page) for page in pages)
+            n = self.tables.replace_many(pages) if pages else 0
             if follow is not None:
                 self.catalog.conn.execute(FOLLOW_SQL)
                 self.catalog.conn.execute(
@@ -262,7 +355,24 @@ class ItemTableWriter:
                     "DO UPDATE SET seq = excluded.seq, pages = pages + excluded.pages",
                     follow,
                 )
+            if shipped is not None:
+                spider, catalog, seq, gaps, read = shipped
+                self.catalog.conn.execute(FOLLOW_SHIPPED_SQL)
+                self.catalog.conn.execute(
+                    f"INSERT INTO {FOLLOW_SHIPPED_TABLE} VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT (spider, catalog) DO UPDATE SET seq = excluded.seq, "
+                    "gaps = excluded.gaps, pages = pages + excluded.pages",
+                    (spider, catalog, seq, json.dumps(sorted(gaps)), read),
+                )
         return n
+
+    def shipped_positions(self, spider: str) -> dict[str, tuple[int, set[int]]]:
+        """Shipped catalog name -> (position, gaps) a follower of ``spider`` reached."""
+        self.catalog.conn.execute(FOLLOW_SHIPPED_SQL)
+        got = self.catalog.conn.execute(
+            f"SELECT catalog, seq, gaps FROM {FOLLOW_SHIPPED_TABLE} WHERE spider = ?", (spider,)
+        )
+        return {name: (seq, set(json.loads(gaps))) for name, seq, gaps in got}
 
     def follow_position(self, spider: str) -> int:
         """The page log position a follower of ``spider`` reached (0: none)."""
@@ -312,7 +422,7 @@ class ItemStore:
         row = self.held.pop(page.key, None)
         if row is None and not page.replace:
             # A response not stored (its status, say): its items have no page.
-            if page.rows:
+            if page.count:
                 self.dropped_pages += 1
             return
         # Ready before the row is queued: a batch that fills up with it commits both.
@@ -328,8 +438,8 @@ class ItemStore:
             return
         if self._tables is None:
             self._tables = ItemTables(self._conn)
-        for page in self._ready:
-            self.items += self._tables.replace(page)
+        if self._ready:
+            self.items += self._tables.replace_many(self._ready)
         self._tables.log_pages(self._new)
         self._ready.clear()
         self._new.clear()

@@ -150,9 +150,30 @@ def warc_date(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+_B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+# Two base32 letters for each 10 bits: a SHA-1 digest (160 bits) is 16 look-ups.
+_B32_PAIRS = [a + b for a in _B32 for b in _B32]
+_B32_SHIFTS = tuple(range(150, -1, -10))
+
+
+def b32_digest(digest: bytes) -> str:
+    """``base64.b32encode(digest)`` as text, for a SHA-1 digest without the stdlib's
+    per-call Python loop (two per record, a visible share of a small record's cost)."""
+    if len(digest) != 20:
+        return base64.b32encode(digest).decode("ascii")
+    n = int.from_bytes(digest, "big")
+    pairs = _B32_PAIRS
+    return "".join([pairs[(n >> s) & 1023] for s in _B32_SHIFTS])
+
+
 def payload_digest(data) -> str:
     """The digest WARC records carry: ``sha1:`` and base32."""
-    return "sha1:" + base64.b32encode(hashlib.sha1(data).digest()).decode("ascii")
+    if not data:
+        return EMPTY_DIGEST
+    return "sha1:" + b32_digest(hashlib.sha1(data).digest())
+
+
+EMPTY_DIGEST = "sha1:" + base64.b32encode(hashlib.sha1(b"").digest()).decode("ascii")
 
 
 def payload_headers(headers: Headers, body_length: int) -> Headers:

@@ -129,6 +129,7 @@ class RollingFile:
         self._file: io.BufferedWriter | None = None
         self._seq = 0
         self.name = ""
+        self._relpath = (None, "")
         self.size = 0
         self.closed_files: list[Path] = []
         self.records_written = 0
@@ -140,7 +141,10 @@ class RollingFile:
 
     @property
     def relpath(self) -> str:
-        return os.path.relpath(self.path, self.data_dir)
+        # Asked for every record: computed once per file name.
+        if self._relpath[0] != self.name:
+            self._relpath = (self.name, os.path.relpath(self.path, self.data_dir))
+        return self._relpath[1]
 
     def _open(self) -> None:
         stamp = time.strftime("%Y%m%d%H%M%S", time.gmtime())

@@ -13,7 +13,6 @@ reader, indexer, repair), so that adding one touches the registry and one new fi
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import os
@@ -49,6 +48,7 @@ from crawler.storage.records import (
     Indexed,
     Row,
     StoredRecord,
+    b32_digest,
     fetch_row,
     header,
     payload_digest,
@@ -308,8 +308,14 @@ def warc_record(
         ("Content-Type", content_type or _MSGTYPE[rec_type]),
         ("Content-Length", str(len(http_block) + len(payload))),
     ]
-    head = StatusAndHeaders("", warc_headers, protocol="WARC/1.1").to_bytes()
-    return [head, http_block, payload, b"\r\n\r\n"]
+    return [warc_head(warc_headers), http_block, payload, b"\r\n\r\n"]
+
+
+def warc_head(headers: Headers) -> bytes:
+    """The WARC header block: what ``StatusAndHeaders("", headers,
+    protocol="WARC/1.1").to_bytes()`` writes, without its copy and conversion of
+    every header (the values here are text already)."""
+    return "\r\n".join(["WARC/1.1", *[f"{k}: {v}" for k, v in headers], "", ""]).encode("utf-8")
 
 
 def wire_bytes(http_headers: StatusAndHeaders) -> bytes:
@@ -337,7 +343,7 @@ def _line_bytes(line: str) -> bytes:
 
 
 def _b32(digest: bytes) -> str:
-    return base64.b32encode(digest).decode("ascii")
+    return b32_digest(digest)
 
 
 def _reason(status: int) -> str:
