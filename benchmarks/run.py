@@ -6,6 +6,10 @@ import importlib
 import sys
 
 SECTIONS = [
+    (
+        "Speed as a user sees it: scrapy crawl site against a bare Scrapy spider (issue 13)",
+        "benchmarks.bench_speed",
+    ),
     ("Crawl: storage stack against a bare crawl (nginx, 40-60 KB pages)", "benchmarks.bench_crawl"),
     ("Duplicate filter: Scrapy's against the project's", "benchmarks.bench_dupefilter"),
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),

@@ -132,6 +132,7 @@ EXTENSIONS = {
     "extensions.stop_signals.StopSignalsExtension": 500,
     "extensions.timer_sweep.TimerSweepExtension": 500,
     "extensions.job_settings.JobSettingsExtension": 500,
+    "extensions.callback_cache.CallbackCacheExtension": 500,
 }
 # Seconds between firings of a Twisted timer that lets the reactor drop the timers
 # downloads cancel (extensions/timer_sweep.py); 0: off.

@@ -28,7 +28,6 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
-from scrapy.core.downloader.handlers.http11 import TunnelError
 from scrapy.exceptions import (
     DownloadConnectionRefusedError,
     DownloadFailedError,
@@ -67,23 +66,37 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 # Errors that say "this proxy refuses or drops us": connection refused or reset, timeouts.
-BAN_EXCEPTIONS: tuple[type[BaseException], ...] = (
-    txerror.ConnectionRefusedError,
-    txerror.ConnectError,
-    txerror.TCPTimedOutError,
-    txerror.TimeoutError,
-    txerror.ConnectionLost,
-    ConnectionRefusedError,
-    ConnectionResetError,
-    TimeoutError,
-    ResponseNeverReceived,
-    ResponseFailed,
-    TunnelError,
-    # Scrapy's HTTP/1.1 handler raises these in place of Twisted's errors above.
-    DownloadTimeoutError,
-    DownloadConnectionRefusedError,
-    DownloadFailedError,
-)
+# Built on first use: importing Scrapy's HTTP/1.1 handler here, deep in the loading of
+# the settings' middlewares, costs ~0.07 s (its deprecated-class shims call
+# inspect.stack()), also in crawls without proxies; the download handler imports it
+# anyway, at a shallower depth.
+_BAN_EXCEPTIONS: tuple[type[BaseException], ...] | None = None
+
+
+def ban_exceptions() -> tuple[type[BaseException], ...]:
+    global _BAN_EXCEPTIONS
+    if _BAN_EXCEPTIONS is None:
+        from scrapy.core.downloader.handlers.http11 import TunnelError
+
+        _BAN_EXCEPTIONS = (
+            txerror.ConnectionRefusedError,
+            txerror.ConnectError,
+            txerror.TCPTimedOutError,
+            txerror.TimeoutError,
+            txerror.ConnectionLost,
+            ConnectionRefusedError,
+            ConnectionResetError,
+            TimeoutError,
+            ResponseNeverReceived,
+            ResponseFailed,
+            TunnelError,
+            # Scrapy's HTTP/1.1 handler raises these in place of Twisted's errors above.
+            DownloadTimeoutError,
+            DownloadConnectionRefusedError,
+            DownloadFailedError,
+        )
+    return _BAN_EXCEPTIONS
+
 
 META_TOKEN = "_proxy_lease"  # this attempt's lease token (not the proxy URL)
 META_AVOID = "_proxy_lease_avoid"  # proxy ids that banned this request
@@ -523,7 +536,7 @@ class ProxyLeaseMiddleware:
         verdict = self._spider_verdict("exception_is_ban", request, exception)
         if verdict is not None:
             return verdict
-        return isinstance(exception, BAN_EXCEPTIONS)
+        return isinstance(exception, ban_exceptions())
 
     def _spider_verdict(self, name: str, request: Request, what: Any) -> bool | None:
         method = getattr(self.crawler.spider, name, None)

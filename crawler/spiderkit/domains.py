@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-import tldextract
+_extract = None
 
-# The Public Suffix List snapshot shipped with tldextract: no network at run time.
-_extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+
+def _extractor():
+    # Loaded on first use: importing tldextract and reading its suffix list takes
+    # ~0.2 s, which a list crawl (no links followed) does not need to spend.
+    global _extract
+    if _extract is None:
+        import tldextract
+
+        # The Public Suffix List snapshot shipped with tldextract: no network at run time.
+        _extract = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
+    return _extract
 
 
 @lru_cache(maxsize=65536)
 def registered_domain(host: str) -> str:
     """The registered domain of ``host``; the host itself for IPs and bare names."""
     host = host.lower().rstrip(".")
-    return _extract(host).top_domain_under_public_suffix or host
+    return _extractor()(host).top_domain_under_public_suffix or host
