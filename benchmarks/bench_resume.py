@@ -16,7 +16,9 @@ peak RSS of the crawl's own process (flat memory: about the same at both sizes).
 "before" is the way the ``site`` spider started before stored URLs were skipped
 ahead of Scrapy: a ``Request`` built per line, dropped in batches of 256 by
 ``middlewares/resume.py`` (a subclass of the spider run with ``scrapy runspider``).
-The two alternate for ``--rounds`` rounds; the ratio of each round is printed.
+"nothread" keys every batch on the reactor's thread (``start_thread = False``) instead
+of keying the next batch in a thread while this one is looked up. The three alternate
+for ``--rounds`` rounds; the ratio of each round is printed.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -39,6 +42,14 @@ COMMON = [
     "-s", "ROBOTSTXT_OBEY=0",
     "-s", "AUTOTHROTTLE_ENABLED=0",
 ]  # fmt: skip
+
+NO_THREAD_SPIDER = """
+from spiders.site import SiteSpider
+
+
+class SiteNoThread(SiteSpider):
+    start_thread = False  # every batch keyed on the reactor's thread
+"""
 
 BEFORE_SPIDER = '''
 import scrapy
@@ -129,6 +140,7 @@ def crawl(name: str, args: list[str], data_dir: Path, urls: int, workdir: Path) 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("SCRAPY_SETTINGS_MODULE", None)
     out_path = workdir / f"last-{name}.log"
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     with open(out_path, "w") as out:
         proc = subprocess.Popen(
@@ -145,6 +157,8 @@ def crawl(name: str, args: list[str], data_dir: Path, urls: int, workdir: Path) 
                 peak = max(peak, watched.memory_info().rss)
             time.sleep(0.02)
     seconds = time.perf_counter() - started
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(cpu_after, f) - getattr(cpu_before, f) for f in ("ru_utime", "ru_stime"))
     text = out_path.read_text()
     if proc.returncode != 0:
         raise RuntimeError(f"{name}: crawl failed (exit {proc.returncode}), see {out_path}")
@@ -155,7 +169,7 @@ def crawl(name: str, args: list[str], data_dir: Path, urls: int, workdir: Path) 
     # The data directory stays as built: this run's cache-hit lines are cut off again.
     with open(log_path, "r+b") as f:
         f.truncate(log_size)
-    return {"seconds": seconds, "peak": peak, "skip_rate": rate, "load": load}
+    return {"seconds": seconds, "cpu": cpu, "peak": peak, "skip_rate": rate, "load": load}
 
 
 def _stat(text: str, name: str) -> int:
@@ -181,7 +195,8 @@ def _skip_rate(log_path: Path, offset: int) -> float:
     parse = lambda line: datetime.strptime(  # noqa: E731
         json.loads(line)["ts"], "%Y-%m-%dT%H:%M:%S.%fZ"
     ).timestamp()
-    return lines / max(parse(last) - parse(first), 1e-3)
+    elapsed = parse(last) - parse(first)
+    return lines / elapsed if elapsed >= 0.05 else float("nan")  # too short to tell
 
 
 def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> list[str]:
@@ -193,6 +208,8 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
         return lines
     before_spider = workdir / "site_before.py"
     before_spider.write_text(BEFORE_SPIDER)
+    no_thread_spider = workdir / "site_no_thread.py"
+    no_thread_spider.write_text(NO_THREAD_SPIDER)
     results: dict[tuple[str, int], list[dict]] = {}
     sizes = [max(urls // 10, 1), urls]
     for _ in range(rounds):
@@ -200,26 +217,28 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
             listed = head(url_file, n) if n < urls else url_file
             for name, args in (
                 ("after", ["crawl", "site", "-a", f"urls={listed}"]),
+                ("nothread", ["runspider", str(no_thread_spider), "-a", f"urls={listed}"]),
                 ("before", ["runspider", str(before_spider), "-a", f"urls={listed}"]),
             ):
                 results.setdefault((name, n), []).append(crawl(name, args, data_dir, n, workdir))
     lines.append(
         f"{'run':<8} {'URLs':>10} {'URLs/s whole':>13} {'skip URLs/s':>12} "
-        f"{'seconds':>8} {'peak RSS MB':>12} {'load':>5}"
+        f"{'seconds':>8} {'CPU s':>6} {'peak RSS MB':>12} {'load':>5}"
     )
     for (name, n), runs in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         for r in runs:
             lines.append(
                 f"{name:<8} {n:>10,} {n / r['seconds']:>13,.0f} {r['skip_rate']:>12,.0f} "
-                f"{r['seconds']:>8.1f} {r['peak'] / 1e6:>12.0f} {r['load']:>5.2f}"
+                f"{r['seconds']:>8.1f} {r['cpu']:>6.1f} {r['peak'] / 1e6:>12.0f} {r['load']:>5.2f}"
             )
     for n in sizes:
-        ratios = [
-            b["seconds"] / a["seconds"]
-            for a, b in zip(results[("after", n)], results[("before", n)], strict=True)
-        ]
-        each = ", ".join(f"{x:.2f}" for x in ratios)
-        lines.append(f"{n:,} URLs: after/before speed, whole processes, each round: {each}")
+        for other in ("before", "nothread"):
+            ratios = [
+                b["seconds"] / a["seconds"]
+                for a, b in zip(results[("after", n)], results[(other, n)], strict=True)
+            ]
+            each = ", ".join(f"{x:.2f}" for x in ratios)
+            lines.append(f"{n:,} URLs: after/{other} speed, whole processes, each round: {each}")
     return lines
 
 

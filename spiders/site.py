@@ -48,6 +48,7 @@ class SiteSpider(scrapy.Spider):
     }
     # List lines keyed and looked up in the catalog at a time (crawler/spiderkit/start.py).
     start_batch = START_BATCH
+    start_thread = True  # the next batch keyed in a thread while this one is looked up
 
     def __init__(
         self,
@@ -106,6 +107,7 @@ class SiteSpider(scrapy.Spider):
             shard=self.shard,
             skip_stored=skip,
             batch=self.start_batch,
+            thread=self.start_thread,
         ):
             yield request
 

@@ -19,11 +19,11 @@ Any spider of the project can use it; the ``site`` spider does.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from scrapy import Request
 from scrapy.utils.defer import maybe_deferred_to_future
-from twisted.internet import task
+from twisted.internet import task, threads
 from w3lib.url import safe_url_string
 
 from crawler import signals as crawler_signals
@@ -70,6 +70,7 @@ async def listed_requests(
     shard: tuple[int, int] | None = None,
     skip_stored: bool = True,
     batch: int = BATCH,
+    thread: bool = True,
 ) -> AsyncIterator[Request]:
     """The requests ``make(url)`` builds for the lines of ``urls`` that are not stored.
 
@@ -78,6 +79,10 @@ async def listed_requests(
     their key, so that nothing keys them twice. ``shard``: only the lines whose key
     falls in shard I of N. Bad lines are logged with ``file:line``, counted
     (``SPIDER/bad_lines``) and written to the action log as errors.
+
+    ``thread``: the next batch is read and keyed in a thread while this one is looked
+    up (SQLite lets go of the GIL while it searches) and handed over, and a list on
+    a slow pipe never holds up the reactor.
     """
     from twisted.internet import reactor  # imported late: Scrapy installs it
 
@@ -85,21 +90,24 @@ async def listed_requests(
 
     crawler = spider.crawler
     archive = crawler.get_downloader_middleware(ArchiveMiddleware) if skip_stored else None
-    for entries in urls.batches(batch):
-        listed: list[tuple[str, str]] = []
-        for number, text, problem in entries:
-            if problem is None:
-                key = plain_key(text) if _verbatim(text) else None
-                if key is not None:  # most lines of most lists
-                    url = text
-                else:
-                    url, key, problem = listed_key(text)
-            if problem:
-                _bad_line(spider, urls, number, text, problem)
-                continue
-            if shard is not None and not in_shard(key, shard):
-                continue
-            listed.append((url, key))
+    batches = urls.batches(batch)
+    if thread:
+        pending = threads.deferToThread(_next_keyed, batches, shard)
+    while True:
+        if thread:
+            keyed = await maybe_deferred_to_future(pending)
+            if keyed is not None:
+                pending = threads.deferToThread(_next_keyed, batches, shard)
+        else:
+            keyed = _next_keyed(batches, shard)
+            # A batch of stored URLs yields nothing: let the reactor run (progress,
+            # stop signals, the counts) before the next one.
+            await maybe_deferred_to_future(task.deferLater(reactor, 0))
+        if keyed is None:
+            return
+        listed, bad = keyed
+        for number, text, problem in bad:
+            _bad_line(spider, urls, number, text, problem)
         stored = archive.skip_stored(listed) if archive is not None and listed else None
         for url, key in listed:
             if stored is not None and key in stored:
@@ -119,9 +127,30 @@ async def listed_requests(
                 meta["catalog_checked"] = True
                 meta["catalog_cached"] = False
             yield request
-        # A batch of stored URLs yields nothing: let the reactor run (progress, stop
-        # signals, the counts) before the next one.
-        await maybe_deferred_to_future(task.deferLater(reactor, 0))
+
+
+def _next_keyed(
+    batches: Iterator[list[tuple[int, str, str | None]]], shard: tuple[int, int] | None
+) -> tuple[list[tuple[str, str]], list[tuple[int, str, str]]] | None:
+    """The next batch as ``(url, key)`` of the lines to fetch (in the shard) and
+    ``(line number, text, problem)`` of the bad ones; None at the end of the list."""
+    entries = next(batches, None)
+    if entries is None:
+        return None
+    listed: list[tuple[str, str]] = []
+    bad: list[tuple[int, str, str]] = []
+    for number, text, problem in entries:
+        if problem is None:
+            key = plain_key(text) if _verbatim(text) else None
+            if key is not None:  # most lines of most lists
+                url = text
+            else:
+                url, key, problem = listed_key(text)
+        if problem:
+            bad.append((number, text, problem))
+        elif shard is None or in_shard(key, shard):
+            listed.append((url, key))
+    return listed, bad
 
 
 def _bad_line(spider, urls: UrlList, number: int, text: str, problem: str) -> None:
