@@ -16,9 +16,9 @@ peak RSS of the crawl's own process (flat memory: about the same at both sizes).
 "before" is the way the ``site`` spider started before stored URLs were skipped
 ahead of Scrapy: a ``Request`` built per line, dropped in batches of 256 by
 ``middlewares/resume.py`` (a subclass of the spider run with ``scrapy runspider``).
-"nothread" keys every batch on the reactor's thread (``start_thread = False``) instead
-of keying the next batch in a thread while this one is looked up. The three alternate
-for ``--rounds`` rounds; the ratio of each round is printed.
+"thread" keys the next batch in a thread while this one is looked up
+(``start_thread = True``) instead of keying every batch on the reactor's thread.
+The three alternate for ``--rounds`` rounds; the ratio of each round is printed.
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ COMMON = [
     "-s", "AUTOTHROTTLE_ENABLED=0",
 ]  # fmt: skip
 
-NO_THREAD_SPIDER = """
+THREAD_SPIDER = """
 from spiders.site import SiteSpider
 
 
-class SiteNoThread(SiteSpider):
-    start_thread = False  # every batch keyed on the reactor's thread
+class SiteThread(SiteSpider):
+    start_thread = True  # the next batch keyed in a thread while this one is looked up
 """
 
 BEFORE_SPIDER = '''
@@ -208,8 +208,8 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
         return lines
     before_spider = workdir / "site_before.py"
     before_spider.write_text(BEFORE_SPIDER)
-    no_thread_spider = workdir / "site_no_thread.py"
-    no_thread_spider.write_text(NO_THREAD_SPIDER)
+    thread_spider = workdir / "site_thread.py"
+    thread_spider.write_text(THREAD_SPIDER)
     results: dict[tuple[str, int], list[dict]] = {}
     sizes = [max(urls // 10, 1), urls]
     for _ in range(rounds):
@@ -217,7 +217,7 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
             listed = head(url_file, n) if n < urls else url_file
             for name, args in (
                 ("after", ["crawl", "site", "-a", f"urls={listed}"]),
-                ("nothread", ["runspider", str(no_thread_spider), "-a", f"urls={listed}"]),
+                ("thread", ["runspider", str(thread_spider), "-a", f"urls={listed}"]),
                 ("before", ["runspider", str(before_spider), "-a", f"urls={listed}"]),
             ):
                 results.setdefault((name, n), []).append(crawl(name, args, data_dir, n, workdir))
@@ -232,7 +232,7 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
                 f"{r['seconds']:>8.1f} {r['cpu']:>6.1f} {r['peak'] / 1e6:>12.0f} {r['load']:>5.2f}"
             )
     for n in sizes:
-        for other in ("before", "nothread"):
+        for other in ("before", "thread"):
             ratios = [
                 b["seconds"] / a["seconds"]
                 for a, b in zip(results[("after", n)], results[(other, n)], strict=True)

@@ -48,7 +48,8 @@ class SiteSpider(scrapy.Spider):
     }
     # List lines keyed and looked up in the catalog at a time (crawler/spiderkit/start.py).
     start_batch = START_BATCH
-    start_thread = True  # the next batch keyed in a thread while this one is looked up
+    # Key the next batch in a thread while this one is looked up (see listed_requests).
+    start_thread = False
 
     def __init__(
         self,

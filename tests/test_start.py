@@ -13,6 +13,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import scrapy
 
 from crawler.spiderkit.start import _verbatim, listed_key
@@ -98,8 +99,9 @@ def test_a_list_line_gets_the_key_of_the_request_scrapy_builds_from_it():
     assert plain > 500  # the cheap path is really exercised
 
 
+@pytest.mark.parametrize("thread", [False, True])
 def test_a_partly_stored_list_fetches_the_rest_and_builds_no_request_for_the_stored(
-    site, tmp_path, data_dir
+    site, tmp_path, data_dir, thread
 ):
     base = site.base_url
     urls = [f"{base}/page/{n}.html" for n in range(400, 440)]
@@ -108,7 +110,8 @@ def test_a_partly_stored_list_fetches_the_rest_and_builds_no_request_for_the_sto
     before = len(actions(data_dir))
     site.reset_counts()
     url_file = write_urls(tmp_path / "urls.txt", [*urls, stored[3]])  # one listed twice
-    result, built = counted_crawl(url_file, data_dir, tmp_path)
+    threaded = ("-a", "start_thread=1") if thread else ()
+    result, built = counted_crawl(url_file, data_dir, tmp_path, *threaded)
     fetched = {p: c for p, c in site.counts.items() if p.startswith("/page/")}
     assert fetched == {u.removeprefix(base): 1 for u in urls[1::2]}
     assert not set(built) & set(stored), "a request was built for a stored line"

@@ -70,7 +70,7 @@ async def listed_requests(
     shard: tuple[int, int] | None = None,
     skip_stored: bool = True,
     batch: int = BATCH,
-    thread: bool = True,
+    thread: bool = False,
 ) -> AsyncIterator[Request]:
     """The requests ``make(url)`` builds for the lines of ``urls`` that are not stored.
 
@@ -80,9 +80,11 @@ async def listed_requests(
     falls in shard I of N. Bad lines are logged with ``file:line``, counted
     (``SPIDER/bad_lines``) and written to the action log as errors.
 
-    ``thread``: the next batch is read and keyed in a thread while this one is looked
-    up (SQLite lets go of the GIL while it searches) and handed over, and a list on
-    a slow pipe never holds up the reactor.
+    ``thread=True``: the next batch is read and keyed in a thread while this one is
+    looked up (SQLite lets go of the GIL while it searches) and handed over, and a
+    list on a slow pipe never holds up the reactor. Off by default: on a loaded
+    2-core machine it skipped slower and used more CPU (``benchmarks.bench_resume``
+    measures both).
     """
     from twisted.internet import reactor  # imported late: Scrapy installs it
 

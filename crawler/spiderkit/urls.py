@@ -81,9 +81,9 @@ class UrlList:
                         continue
                     if line and line[0] != "#":
                         batch.append((number, line, None))
-                if len(batch) >= size:
-                    yield batch
-                    batch = []
+                        if len(batch) >= size:
+                            yield batch
+                            batch = []
         if batch:
             yield batch
 
