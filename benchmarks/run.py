@@ -11,6 +11,10 @@ SECTIONS = [
         "benchmarks.bench_speed",
     ),
     ("Crawl: storage stack against a bare crawl (nginx, 40-60 KB pages)", "benchmarks.bench_crawl"),
+    (
+        "Resume: a warm re-run of a 1,000,000-URL list, all stored (builds it once: ~5 min)",
+        "benchmarks.bench_resume",
+    ),
     ("Duplicate filter: Scrapy's against the project's", "benchmarks.bench_dupefilter"),
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),

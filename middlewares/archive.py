@@ -311,15 +311,22 @@ class ArchiveMiddleware:
         return key
 
     def filter_start(self, requests: list[Request]) -> list[Request]:
-        """Drop the stored ones among a batch of start requests, with one query."""
+        """Drop the stored ones among a batch of start requests, with one query
+        (those checked already, by ``crawler.spiderkit.start``, pass as they are)."""
         if self.session.catalog is None:
             return requests
-        keys = [self.key_for(r) for r in requests]
-        present = self.session.present(keys)
+        unchecked = [r for r in requests if not r.meta.get("catalog_checked")]
+        if not unchecked:
+            return requests
+        present = self.session.present([self.key_for(r) for r in unchecked])
         out = []
         hits = []
-        for request, key in zip(requests, keys, strict=True):
+        for request in requests:
             meta = request.meta
+            if meta.get("catalog_checked"):
+                out.append(request)
+                continue
+            key = meta["catalog_key"]
             meta["catalog_checked"] = True
             meta["catalog_cached"] = cached = key in present
             if cached and not self._wants_fetch_when_cached(request):
@@ -327,15 +334,31 @@ class ArchiveMiddleware:
                 hits.append((meta.get("catalog_url", request.url), key))
             else:
                 out.append(request)
-        if hits:
-            if not self._log_failed:
-                try:
-                    self.session.log.write_cache_hits(hits)
-                except OSError as exc:
-                    self._log_failure(exc)
-            for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
-                self._inc(name, len(hits))
+        self._cache_hits(hits)
         return out
+
+    def skip_stored(self, listed: list[tuple[str, str]]) -> set[str] | None:
+        """Of a batch of listed ``(url, key)`` (the URL and key of the GET request a
+        spider would build), the keys that are stored: logged as cache hits and
+        counted here, so that no request is built for them. None when nothing may be
+        skipped here (no catalog open, or the crawl revalidates): build them all."""
+        if self.session.catalog is None or self.revalidate:
+            return None
+        present = self.session.present([key for _, key in listed])
+        if present:
+            self._cache_hits([(url, key) for url, key in listed if key in present])
+        return present
+
+    def _cache_hits(self, hits: list[tuple[str, str]]) -> None:
+        if not hits:
+            return
+        if not self._log_failed:
+            try:
+                self.session.log.write_cache_hits(hits)
+            except OSError as exc:
+                self._log_failure(exc)
+        for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
+            self._inc(name, len(hits))
 
     def _wants_fetch_when_cached(self, request: Request) -> bool:
         meta = request.meta

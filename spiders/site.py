@@ -25,11 +25,11 @@ from scrapy.exceptions import UsageError
 from scrapy.http import HtmlResponse, TextResponse
 from twisted.internet.threads import deferToThread
 
-from crawler import signals as crawler_signals
 from crawler.spiderkit.domains import registered_domain
 from crawler.spiderkit.parsers import hrefs, page_summary
-from crawler.spiderkit.urls import UrlList, in_shard, parse_shard
-from crawler.storage.keys import request_key
+from crawler.spiderkit.start import BATCH as START_BATCH
+from crawler.spiderkit.start import listed_requests
+from crawler.spiderkit.urls import UrlList, parse_shard
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,10 @@ class SiteSpider(scrapy.Spider):
         "SCHEDULER_DISK_QUEUE": "scrapy.squeues.PickleFifoDiskQueue",
         "SCHEDULER_MEMORY_QUEUE": "scrapy.squeues.FifoMemoryQueue",
     }
+    # List lines keyed and looked up in the catalog at a time (crawler/spiderkit/start.py).
+    start_batch = START_BATCH
+    # Key the next batch in a thread while this one is looked up (see listed_requests).
+    start_thread = False
 
     def __init__(
         self,
@@ -94,31 +98,25 @@ class SiteSpider(scrapy.Spider):
             deferToThread(self.url_list.count).addCallback(
                 lambda n: self.crawler.stats.set_value("progress/list_total", n)
             )
-        for number, url, problem in self.url_list:
-            if problem:
-                self._bad_line(number, url, problem)
-                continue
-            request = scrapy.Request(
-                url, callback=self.parse, meta={"catalog_replay": self.depth > 0}
-            )
-            if self.shard is not None:
-                # The key decides the shard; computed once, handed to the storage.
-                key = request_key(request.url)
-                if not in_shard(key, self.shard):
-                    continue
-                request.meta.update(catalog_key=key, catalog_url=request.url)
-            if self.depth:  # the domains bound the links followed
-                self.domains.add(registered_domain(urlsplit(url).hostname))
-                self.depths[url] = 0
+        # Stored URLs are skipped before a request is built for them, unless their
+        # pages are needed again: replayed for their links (depth), or revalidated.
+        skip = not self.depth and not self.revalidate
+        async for request in listed_requests(
+            self,
+            self.url_list,
+            self._start_request,
+            shard=self.shard,
+            skip_stored=skip,
+            batch=self.start_batch,
+            thread=self.start_thread,
+        ):
             yield request
 
-    def _bad_line(self, number: int, text: str, problem: str) -> None:
-        message = f"{self.url_list.name}:{number}: {problem}: {text[:200]!r}"
-        logger.warning("Skipped line %s", message)
-        self.crawler.stats.inc_value("site/bad_lines")
-        self.crawler.signals.send_catch_log(
-            crawler_signals.action, url=text, key=None, outcome="error", error=message
-        )
+    def _start_request(self, url: str) -> scrapy.Request:
+        if self.depth:
+            self.domains.add(registered_domain(urlsplit(url).hostname))
+            self.depths[url] = 0
+        return scrapy.Request(url, callback=self.parse, meta={"catalog_replay": self.depth > 0})
 
     def parse(self, response):
         # Not a generator function: for one, Scrapy reads the callback's source to warn

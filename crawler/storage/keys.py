@@ -33,6 +33,10 @@ def simple_canonical(url: str) -> str | None:
     if match is None:
         return None
     origin, port, path, query = match.groups()
+    return _simple(origin, port, path, query)
+
+
+def _simple(origin: str, port: str | None, path: str | None, query: str | None) -> str | None:
     if port and int(port) > 65535:
         return None  # w3lib refuses it
     if path is None:
@@ -41,18 +45,16 @@ def simple_canonical(url: str) -> str | None:
         return None
     if not query:
         return origin + path
-    pairs = []
-    for piece in query.split("&"):
-        if not piece:
-            continue
-        name, eq, value = piece.partition("=")
-        if "=" in value:
-            return None
-        pairs.append((name, value))
+    # (name, "=" or "", value): sorted as w3lib sorts (name, value), since the
+    # separator is "" only where the value is "" too.
+    pairs = [piece.partition("=") for piece in query.split("&") if piece]
     if not pairs:
         return origin + path
+    for _, _, value in pairs:
+        if "=" in value:
+            return None
     pairs.sort()
-    return f"{origin}{path}?" + "&".join(f"{name}={value}" for name, value in pairs)
+    return f"{origin}{path}?" + "&".join([f"{name}={value}" for name, _, value in pairs])
 
 
 def canonical_url(url: str) -> str:
@@ -64,6 +66,21 @@ def canonical_url(url: str) -> str:
         if host.endswith(port):
             canon = f"{scheme}{sep}{host[: -len(port)]}{slash}{path}"
     return canon
+
+
+def plain_key(url: str) -> str | None:
+    """``request_key(url)`` (GET) of a plain URL (``_SIMPLE_URL``), or None for any
+    other: the cheap path of a resumed crawl, which keys every listed URL."""
+    match = _SIMPLE_URL.match(url)
+    if match is None:
+        return None
+    origin, port, path, query = match.groups()
+    if port is not None and _DEFAULT_PORTS[origin[: origin.index(":")]] == ":" + port:
+        origin = origin[: -len(port) - 1]
+    canon = _simple(origin, port, path, query)
+    if canon is None:
+        return None
+    return hashlib.sha256(canon.encode()).hexdigest()
 
 
 def request_key(url: str, method: str = "GET", body: bytes = b"") -> str:

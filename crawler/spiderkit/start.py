@@ -1,0 +1,165 @@
+"""Start requests from a URL list, with the stored URLs skipped before a Request exists.
+
+    async def start(self):
+        urls = UrlList(self.urls)
+        async for request in listed_requests(self, urls, lambda url: scrapy.Request(url)):
+            yield request
+
+A resumed crawl of a list of millions spends its time on the URLs it skips. Building
+a ``scrapy.Request`` for each (its URL escaping alone was half of the cost) and
+passing it through the spider middlewares was most of that time, so the list is read
+in batches here: each line is keyed with the key its request would get, the catalog
+is asked once per batch (``ArchiveMiddleware.skip_stored``, which logs and counts
+the cache hits), and requests are built only for the rest, marked as checked so that
+the storage middlewares do not look them up again.
+
+Any spider of the project can use it; the ``site`` spider does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+
+from scrapy import Request
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet import task, threads
+from w3lib.url import safe_url_string
+
+from crawler import signals as crawler_signals
+from crawler.spiderkit.urls import UrlList, check_url, in_shard
+from crawler.storage.keys import plain_key, request_key
+
+logger = logging.getLogger(__name__)
+
+# Lines keyed and looked up at a time: one catalog query and one action-log write per
+# batch, and the reactor runs between batches (a batch takes a few milliseconds).
+BATCH = 2000
+
+
+def listed_key(text: str) -> tuple[str, str | None, str | None]:
+    """``(url, key, problem)`` of a list line: the URL a ``scrapy.Request`` built from
+    it holds and that request's key (``request_key(scrapy.Request(text).url)``), or
+    why the line is not a URL to fetch (``url`` is then ``text``, ``key`` None)."""
+    key = plain_key(text) if _verbatim(text) else None
+    if key is not None:
+        return text, key, None
+    problem = check_url(text)
+    if problem:
+        return text, None, problem
+    try:
+        url = safe_url_string(text, "utf-8")  # what scrapy.Request does to it
+    except ValueError as exc:
+        return text, None, f"not a URL ({exc})"
+    return url, request_key(url), None
+
+
+def _verbatim(text: str) -> bool:
+    """Whether Scrapy keeps a plain URL (``plain_key``) as it is: it adds the "/"
+    before a "?" that follows the host, and drops a trailing "?" (w3lib's
+    ``safe_url_string``; tests/test_start.py checks this against Scrapy)."""
+    query = text.find("?")
+    return query < 0 or (text[-1] != "?" and text.find("/", 8, query) >= 0)
+
+
+async def listed_requests(
+    spider,
+    urls: UrlList,
+    make: Callable[[str], Request],
+    *,
+    shard: tuple[int, int] | None = None,
+    skip_stored: bool = True,
+    batch: int = BATCH,
+    thread: bool = False,
+) -> AsyncIterator[Request]:
+    """The requests ``make(url)`` builds for the lines of ``urls`` that are not stored.
+
+    ``skip_stored=False`` builds a request for every line (a depth crawl replays the
+    stored start pages; a revalidating crawl fetches them again); they still carry
+    their key, so that nothing keys them twice. ``shard``: only the lines whose key
+    falls in shard I of N. Bad lines are logged with ``file:line``, counted
+    (``SPIDER/bad_lines``) and written to the action log as errors.
+
+    ``thread=True``: the next batch is read and keyed in a thread while this one is
+    looked up (SQLite lets go of the GIL while it searches) and handed over, and a
+    list on a slow pipe never holds up the reactor. Off by default: on a loaded
+    2-core machine it skipped slower and used more CPU (``benchmarks.bench_resume``
+    measures both).
+    """
+    from twisted.internet import reactor  # imported late: Scrapy installs it
+
+    from middlewares.archive import ArchiveMiddleware  # the project's storage side
+
+    crawler = spider.crawler
+    archive = crawler.get_downloader_middleware(ArchiveMiddleware) if skip_stored else None
+    batches = urls.batches(batch)
+    if thread:
+        pending = threads.deferToThread(_next_keyed, batches, shard)
+    while True:
+        if thread:
+            keyed = await maybe_deferred_to_future(pending)
+            if keyed is not None:
+                pending = threads.deferToThread(_next_keyed, batches, shard)
+        else:
+            keyed = _next_keyed(batches, shard)
+            # A batch of stored URLs yields nothing: let the reactor run (progress,
+            # stop signals, the counts) before the next one.
+            await maybe_deferred_to_future(task.deferLater(reactor, 0))
+        if keyed is None:
+            return
+        listed, bad = keyed
+        for number, text, problem in bad:
+            _bad_line(spider, urls, number, text, problem)
+        stored = archive.skip_stored(listed) if archive is not None and listed else None
+        for url, key in listed:
+            if stored is not None and key in stored:
+                continue
+            request = make(url)
+            meta = request.meta
+            checked = stored is not None
+            if request.url != url or request.method != "GET" or request.body:
+                # Not the request that was looked up: its own key decides, looked up
+                # by the storage middlewares.
+                key = request_key(request.url, request.method, request.body)
+                checked = False
+            meta["catalog_key"] = key
+            meta["catalog_url"] = request.url
+            if checked:
+                # Looked up with its batch: the middlewares need not ask again.
+                meta["catalog_checked"] = True
+                meta["catalog_cached"] = False
+            yield request
+
+
+def _next_keyed(
+    batches: Iterator[list[tuple[int, str, str | None]]], shard: tuple[int, int] | None
+) -> tuple[list[tuple[str, str]], list[tuple[int, str, str]]] | None:
+    """The next batch as ``(url, key)`` of the lines to fetch (in the shard) and
+    ``(line number, text, problem)`` of the bad ones; None at the end of the list."""
+    entries = next(batches, None)
+    if entries is None:
+        return None
+    listed: list[tuple[str, str]] = []
+    bad: list[tuple[int, str, str]] = []
+    for number, text, problem in entries:
+        if problem is None:
+            key = plain_key(text) if _verbatim(text) else None
+            if key is not None:  # most lines of most lists
+                url = text
+            else:
+                url, key, problem = listed_key(text)
+        if problem:
+            bad.append((number, text, problem))
+        elif shard is None or in_shard(key, shard):
+            listed.append((url, key))
+    return listed, bad
+
+
+def _bad_line(spider, urls: UrlList, number: int, text: str, problem: str) -> None:
+    message = f"{urls.name}:{number}: {problem}: {text[:200]!r}"
+    logger.warning("Skipped line %s", message)
+    crawler = spider.crawler
+    crawler.stats.inc_value(f"{spider.name}/bad_lines")
+    crawler.signals.send_catch_log(
+        crawler_signals.action, url=text, key=None, outcome="error", error=message
+    )

@@ -1,0 +1,186 @@
+"""Resumed list crawls skip stored URLs before a Request exists (crawler/spiderkit/start.py).
+
+The crawls run a subclass of the ``site`` spider (``scrapy runspider``, the project's
+middlewares as in any crawl) that records the URL of every ``scrapy.Request`` built
+in its process, so that a request built for a stored line and dropped later is seen.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import scrapy
+
+from crawler.spiderkit.start import _verbatim, listed_key
+from crawler.spiderkit.urls import check_url, in_shard
+from crawler.storage.keys import plain_key, request_key
+from tests.checks import actions, rows_by_url
+from tests.conftest import ROOT, crawl_env, write_urls
+from tests.test_keys import _random_url
+
+COUNTING_SPIDER = """
+import json
+
+import scrapy
+
+from spiders.site import SiteSpider
+
+built = []
+_init = scrapy.Request.__init__
+
+
+def _counting_init(self, url, *args, **kwargs):
+    built.append(url)
+    _init(self, url, *args, **kwargs)
+
+
+scrapy.Request.__init__ = _counting_init
+
+
+class CountingSiteSpider(SiteSpider):
+    start_batch = 7  # several batches even for a short list
+
+    def closed(self, reason):
+        with open(self.built, "w") as f:
+            json.dump(built, f)
+"""
+
+# Pieces of URLs that Scrapy escapes or w3lib canonicalises.
+ODD_PIECES = ["a b", "caf\u00e9", "%7e", "%7E", "%C3%A9", "%", "[x]", "|", "a'b", '"', "\u00fc=1"]
+ODD_HOSTS = ["B\u00fccher.example", "WWW.Example.ORG", "a.com:80", "a.com:443", "xn--bcher-kva.ex"]
+
+
+def counted_crawl(urls: Path, data_dir: Path, tmp_path: Path, *args: str, built: str = "built"):
+    """Run the counting spider; returns (CompletedProcess, URLs of the requests built)."""
+    spider = tmp_path / "counting_spider.py"
+    spider.write_text(COUNTING_SPIDER)
+    built_path = tmp_path / f"{built}.json"
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "scrapy", "runspider", str(spider),
+            "-a", f"urls={urls}", "-a", f"built={built_path}",
+            "-s", f"DATA_DIR={data_dir}", "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "LOG_LEVEL=INFO",
+            *args,
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=180, env=crawl_env(),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    import json
+
+    return result, json.loads(built_path.read_text())
+
+
+def test_a_list_line_gets_the_key_of_the_request_scrapy_builds_from_it():
+    rng = random.Random(20261201)
+    plain = 0
+    for n in range(30_000):
+        text = _random_url(rng)
+        if n % 3 == 0:
+            text = text.replace("://", "://" + rng.choice(ODD_HOSTS) + "/", 1).replace(
+                "/", "/" + rng.choice(ODD_PIECES), 3
+            )
+        if check_url(text):
+            assert listed_key(text)[2], text
+            continue
+        try:
+            url = scrapy.Request(text).url
+        except ValueError:
+            assert listed_key(text)[2], text
+            continue
+        assert listed_key(text) == (url, request_key(url), None), text
+        if plain_key(text) is not None:
+            assert plain_key(text) == request_key(text), text
+            plain += _verbatim(text)
+    assert plain > 500  # the cheap path is really exercised
+
+
+@pytest.mark.parametrize("thread", [False, True])
+def test_a_partly_stored_list_fetches_the_rest_and_builds_no_request_for_the_stored(
+    site, tmp_path, data_dir, thread
+):
+    base = site.base_url
+    urls = [f"{base}/page/{n}.html" for n in range(400, 440)]
+    stored = urls[::2]
+    counted_crawl(write_urls(tmp_path / "first.txt", stored), data_dir, tmp_path)
+    before = len(actions(data_dir))
+    site.reset_counts()
+    url_file = write_urls(tmp_path / "urls.txt", [*urls, stored[3]])  # one listed twice
+    threaded = ("-a", "start_thread=1") if thread else ()
+    result, built = counted_crawl(url_file, data_dir, tmp_path, *threaded)
+    fetched = {p: c for p, c in site.counts.items() if p.startswith("/page/")}
+    assert fetched == {u.removeprefix(base): 1 for u in urls[1::2]}
+    assert not set(built) & set(stored), "a request was built for a stored line"
+    assert set(urls[1::2]) <= set(built)
+    hits = [e for e in actions(data_dir)[before:] if e["outcome"] == "cache_hit"]
+    assert Counter(e["url"] for e in hits) == Counter([*stored, stored[3]])
+    assert all(e["key"] == request_key(e["url"]) for e in hits)
+    assert "'catalog/cache_hits': 21" in result.stderr
+    assert "'progress/list_done': 41" in result.stderr
+    assert set(rows_by_url(data_dir)) == set(urls)
+
+
+def test_urls_that_scrapy_escapes_are_recognised_as_stored(site, tmp_path, data_dir):
+    port = site.base_url.rsplit(":", 1)[1]
+    lines = [
+        f"http://127.0.0.1:{port}/page/451.html?b=2&a=1",  # query order
+        f"http://127.0.0.1:{port}/page/452.html?q=a%20b",  # an escaped space
+        f"http://127.0.0.1:{port}/page/453.html?q=caf\u00e9",  # non-ASCII query
+        f"http://127.0.0.1:{port}/missing/caf\u00e9",  # non-ASCII path (404, stored)
+        f"http://B\u00fccher.example:{port}/page/455.html",  # IDN host, uppercase
+        f"http://UPPER.Example:{port}/page/456.html",  # uppercase host
+        f"http://127.0.0.1:{port}/page/x/../457.html",  # a dot segment
+        f"http://127.0.0.1:{port}/page/458.html?",  # a bare "?" (Scrapy drops it)
+    ]
+    url_file = write_urls(tmp_path / "urls.txt", lines)
+    names = "LOOPBACK_HOSTS=xn--bcher-kva.example,upper.example"
+    resolver = "TWISTED_DNS_RESOLVER=tests.loopback_resolver.LoopbackResolver"
+    args = ("-s", names, "-s", resolver, "-s", "ROBOTSTXT_OBEY=0")
+    site.reset_counts()
+    counted_crawl(url_file, data_dir, tmp_path, *args)
+    assert sum(site.counts.values()) == len(lines)
+    assert len(rows_by_url(data_dir)) == len(lines)
+    before = len(actions(data_dir))
+    site.reset_counts()
+    _, built = counted_crawl(url_file, data_dir, tmp_path, *args, built="again")
+    assert sum(site.counts.values()) == 0
+    assert built == []
+    hits = [e for e in actions(data_dir)[before:] if e["outcome"] == "cache_hit"]
+    assert sorted(e["url"] for e in hits) == sorted(rows_by_url(data_dir))
+
+
+def test_a_resumed_shard_fetches_the_unstored_lines_of_its_shard_only(site, tmp_path, data_dir):
+    base = site.base_url
+    urls = [f"{base}/page/{n}.html" for n in range(460, 500)]
+    stored = urls[:20]
+    counted_crawl(write_urls(tmp_path / "first.txt", stored), data_dir, tmp_path)
+    before = len(actions(data_dir))
+    site.reset_counts()
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    _, built = counted_crawl(url_file, data_dir, tmp_path, "-a", "shard=1/3")
+    mine = [u for u in urls if in_shard(request_key(u), (1, 3))]
+    fetched = {p for p, c in site.counts.items() if p.startswith("/page/")}
+    assert fetched == {u.removeprefix(base) for u in mine if u not in stored}
+    assert not set(built) & set(stored)
+    hits = [e["url"] for e in actions(data_dir)[before:] if e["outcome"] == "cache_hit"]
+    assert sorted(hits) == sorted(u for u in mine if u in stored)
+
+
+def test_revalidation_and_depth_build_requests_for_stored_lines(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in (501, 502)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    counted_crawl(url_file, data_dir, tmp_path)
+    site.reset_counts()
+    counted_crawl(url_file, data_dir, tmp_path, "-a", "revalidate=1")
+    assert {p: site.counts[p] for p in ("/page/501.html", "/page/502.html")} == {
+        "/page/501.html": 1,
+        "/page/502.html": 1,
+    }
+    site.reset_counts()
+    _, built = counted_crawl(url_file, data_dir, tmp_path, "-a", "depth=1")
+    assert set(urls) <= set(built)  # replayed from the archive, for their links
+    assert site.counts["/page/501.html"] == 0
