@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,7 +21,7 @@ from crawler.reparse.runner import Progress, Reparse
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import run_crawl, write_urls
+from tests.conftest import ROOT, run_crawl, write_urls
 
 PATHS = [f"page/{n}.html" for n in range(200, 208)] + [
     "product/3.html",
@@ -66,6 +70,43 @@ def test_pool_over_byte_ranges_gives_the_same_items(crawled, tmp_path):
     assert summary.records == len(PATHS)
     assert canon(read_jsonl(tmp_path / "p.jsonl")) == canon(crawl_items)
     assert summary.stats["reparse/items"] == 11
+
+
+def test_pool_ends_in_a_process_whose_sigterm_handler_only_logs(crawled, tmp_path):
+    # What `scrapy reparse` is: Scrapy's shutdown handlers installed, then the pool
+    # forked. A worker still waiting for a task when the pool ends must die of the
+    # SIGTERM the pool sends it; whether one is left waiting is a race, hence the runs.
+    data_dir, _ = crawled
+    script = textwrap.dedent(
+        f"""
+        import signal, sys
+        from pathlib import Path
+        from crawler.reparse.plan import ReparseConfig
+        from crawler.reparse.runner import Reparse
+        signal.signal(signal.SIGTERM, lambda signum, frame: print("SIGTERM", file=sys.stderr))
+        for run in range(15):
+            config = ReparseConfig(
+                spider="site", data_dir=Path({str(data_dir)!r}), workers=2, chunk_rows=3,
+                output=Path({str(tmp_path)!r}) / f"{{run}}.jsonl",
+            )
+            assert Reparse(config).run().exit_code == 0
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail("the reparse pool did not end: a worker outlived its SIGTERM")
+    assert proc.returncode == 0, stderr
+    assert all(len(read_jsonl(tmp_path / f"{run}.jsonl")) == 11 for run in range(15))
 
 
 def test_where_limit_callback_and_formats(crawled, tmp_path):

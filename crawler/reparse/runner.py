@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 import multiprocessing
+import signal
 import sys
 import time
 from collections import Counter, deque
@@ -269,6 +270,11 @@ _worker: Reparser | None = None
 
 
 def quiet_worker() -> None:
+    # A forked worker inherits the parent's handlers (Scrapy's, the reactor's), which
+    # only log a SIGTERM: Pool.terminate() then waited forever on a worker blocked on
+    # the task queue. Interrupts are the parent's to handle; it terminates the pool.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.getLogger("scrapy").setLevel(logging.WARNING)
 
 
