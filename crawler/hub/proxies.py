@@ -146,12 +146,10 @@ FROM b, t WHERE p.id = b.proxy_id AND p.lease_id = b.lease_id AND p.state = 'lea
 RETURNING p.lease_id
 """
 
-# Parameters: proxy id, lease id; counts (requests, bytes, failures, bans); reason;
-# usage row id; reason (banned?); rest seconds, ban rest seconds, ban rest cap, jitter
-# factor; counts (requests, failures, bans, requests).
-_PG_RELEASE = """
-WITH t AS (SELECT NOW() AS now, set_config('synchronous_commit', 'off', true)),
-cur AS (SELECT id, consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ? FOR UPDATE),
+# The release of a lease up to its last step, shared by _PG_RELEASE and _PG_ROTATE
+# (their parameters start with these): the lease row locked, its usage row closed,
+# the proxy's ban streak and rest computed.
+_RELEASE_STEPS = """cur AS (SELECT id, consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ? FOR UPDATE),
 used AS (
     UPDATE hub_proxy_usage u SET requests = u.requests + ?, bytes = u.bytes + ?,
         failures = u.failures + ?, bans = u.bans + ?,
@@ -168,7 +166,17 @@ r AS (
             WHEN ? THEN LEAST(?::float8 * power(2, cur.consecutive_bans), ?::float8) * ?
             ELSE ?::float8 * ? END AS rest
     FROM cur, t
-)
+)"""
+
+# Parameters: proxy id, lease id; counts (requests, bytes, failures, bans); reason;
+# usage row id; reason (banned?); rest seconds, ban rest seconds, ban rest cap, jitter
+# factor; counts (requests, failures, bans, requests).
+_PG_RELEASE = (
+    """
+WITH t AS (SELECT NOW() AS now, set_config('synchronous_commit', 'off', true)),
+"""
+    + _RELEASE_STEPS
+    + """
 UPDATE hub_proxies p SET
     state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
     holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
@@ -177,6 +185,7 @@ UPDATE hub_proxies p SET
 FROM r WHERE p.id = r.id
 RETURNING p.id
 """
+)
 
 
 # A rotation: release one lease and take the next in one statement (one round trip, one
@@ -184,26 +193,12 @@ RETURNING p.id
 # it, which never picks the proxy being released. It commits synchronously, as taking a
 # lease does. Parameters: those of _PG_RELEASE, then the proxy released, then those of
 # _PG_ACQUIRE.
-_PG_ROTATE = """
+_PG_ROTATE = (
+    """
 WITH t AS (SELECT NOW() AS now),
-cur AS (SELECT id, consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ? FOR UPDATE),
-used AS (
-    UPDATE hub_proxy_usage u SET requests = u.requests + ?, bytes = u.bytes + ?,
-        failures = u.failures + ?, bans = u.bans + ?,
-        ended = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
-            THEN (SELECT now FROM t) ELSE u.ended END,
-        end_reason = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
-            THEN ? ELSE u.end_reason END
-    WHERE u.id = ? RETURNING u.requests
-),
-r AS (
-    SELECT cur.id, t.now,
-        CASE WHEN ? THEN cur.consecutive_bans + 1 ELSE 0 END AS streak,
-        CASE WHEN NOT (? OR COALESCE((SELECT requests FROM used), 0) > 0) THEN 0.0
-            WHEN ? THEN LEAST(?::float8 * power(2, cur.consecutive_bans), ?::float8) * ?
-            ELSE ?::float8 * ? END AS rest
-    FROM cur, t
-),
+"""
+    + _RELEASE_STEPS
+    + """,
 released AS (
     UPDATE hub_proxies p SET
         state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
@@ -237,6 +232,7 @@ taken AS (
 SELECT (SELECT COUNT(*) FROM released), taken.id, taken.url, taken.lease_id, taken.started
 FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE
 """
+)
 
 
 @dataclass(frozen=True)
