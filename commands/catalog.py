@@ -25,13 +25,9 @@ from scrapy.exceptions import UsageError
 
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
-from crawler.tools.export import EXPORT_FORMATS, export_catalog
-from crawler.tools.item_export import TABLE_FORMATS, export_table, item_table_lines
-from crawler.tools.rebuild import Rebuild, merge_catalogs
-from crawler.tools.scan import ToolError
-from crawler.tools.stats import catalog_stats
-from crawler.tools.verify import Verify, confirm_prompt
-from crawler.tools.wacz import WaczBuilder, write_index
+
+# The tools are imported by the actions that use them: Scrapy imports every command
+# module to run any one of them, a crawl included, which needs none of these.
 
 ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz", "report")
 
@@ -65,6 +61,9 @@ class Command(ScrapyCommand):
         )
 
     def add_options(self, parser) -> None:
+        from crawler.tools.export import EXPORT_FORMATS
+        from crawler.tools.item_export import TABLE_FORMATS
+
         super().add_options(parser)
         parser.add_argument("-o", "--output", metavar="FILE", help="where to write the result")
         parser.add_argument("--fix", action="store_true", help="verify: repair what it finds")
@@ -82,6 +81,8 @@ class Command(ScrapyCommand):
     def run(self, args, opts) -> None:
         if not args or args[0] not in ACTIONS:
             raise UsageError(f"give an action: {', '.join(ACTIONS)}")
+        from crawler.tools.scan import ToolError
+
         self.datadir = DataDir.from_settings(self.settings)
         self.data_dir = self.datadir.root
         action, rest = args[0], args[1:]
@@ -92,11 +93,16 @@ class Command(ScrapyCommand):
             self.exitcode = 1
 
     def do_stats(self, rest, opts) -> int:
+        from crawler.tools.item_export import item_table_lines
+        from crawler.tools.stats import catalog_stats
+
         _print(catalog_stats(self.data_dir).lines())
         _print(item_table_lines(self.data_dir))
         return 0
 
     def do_verify(self, rest, opts) -> int:
+        from crawler.tools.verify import Verify, confirm_prompt
+
         verify = Verify(self.data_dir)
         report = verify.run()
         if opts.fix and not report.ok:
@@ -113,6 +119,8 @@ class Command(ScrapyCommand):
         return 0 if report.ok or report.dropped or report.reindexed else 1
 
     def do_rebuild(self, rest, opts) -> int:
+        from crawler.tools.rebuild import Rebuild
+
         result = Rebuild(self.data_dir, opts.output).run()
         for problem in result.problems:
             print(problem, file=sys.stderr)
@@ -120,6 +128,8 @@ class Command(ScrapyCommand):
         return 1 if result.problems else 0
 
     def do_merge(self, rest, opts) -> int:
+        from crawler.tools.rebuild import merge_catalogs
+
         if len(rest) < 2 or not opts.output:
             raise UsageError("give two or more catalogs and -o OUT.db")
         n = merge_catalogs([Path(p) for p in rest], Path(opts.output))
@@ -127,6 +137,9 @@ class Command(ScrapyCommand):
         return 0
 
     def do_export(self, rest, opts) -> int:
+        from crawler.tools.export import export_catalog
+        from crawler.tools.item_export import export_table
+
         if opts.table:
             name = f"{opts.table}.{opts.format}"
             output = Path(opts.output or self.datadir.derived_dir / name)
@@ -139,12 +152,16 @@ class Command(ScrapyCommand):
         return 0
 
     def do_index(self, rest, opts) -> int:
+        from crawler.tools.wacz import write_index
+
         output = Path(opts.output or self.datadir.derived_dir / "index.cdxj")
         n = write_index(self.data_dir, output)
         print(f"wrote {n:,} CDXJ lines to {output}")
         return 0
 
     def do_wacz(self, rest, opts) -> int:
+        from crawler.tools.wacz import WaczBuilder
+
         target = rest[0] if rest else opts.output
         if not target:
             raise UsageError("give the WACZ file to write: scrapy catalog wacz OUT.wacz")

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
-from crawler.reparse.feeds import FeedFormatError, check_output
-from crawler.reparse.follow import Follow
-from crawler.reparse.plan import ReparseConfig, ReparseError
-from crawler.reparse.runner import Reparse
-from crawler.storage.datadir import DataDir
-from crawler.storage.errors import CatalogError
+if TYPE_CHECKING:
+    from crawler.reparse.plan import ReparseConfig
 
 
 class Command(ScrapyCommand):
@@ -99,6 +96,14 @@ class Command(ScrapyCommand):
             raise UsageError("invalid -a value, use -a NAME=VALUE", print_help=False) from None
 
     def run(self, args, opts) -> None:
+        # Imported here, not at the top: Scrapy imports every command module to run
+        # any one of them, and a crawl has no use for the re-parse machinery.
+        from crawler.reparse.feeds import FeedFormatError, check_output
+        from crawler.reparse.plan import ReparseConfig, ReparseError
+        from crawler.reparse.runner import Reparse
+        from crawler.storage.datadir import DataDir
+        from crawler.storage.errors import CatalogError
+
         if len(args) != 1:
             raise UsageError("give exactly one spider name")
         if opts.output:
@@ -153,6 +158,10 @@ class Command(ScrapyCommand):
     def _follow(
         self, config: ReparseConfig, until_idle: float | None, items_db: Path | None
     ) -> None:
+        from crawler.reparse.follow import Follow
+        from crawler.reparse.plan import ReparseError
+        from crawler.storage.errors import CatalogError
+
         try:
             summary = Follow(config, until_idle, items_db=items_db).run()
         except (ReparseError, CatalogError) as exc:
