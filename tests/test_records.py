@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
+import uuid
 import zipfile
 import zlib
 from collections import Counter
+from datetime import UTC, datetime
 
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler.reparse.responses import build_response
 from crawler.storage.datadir import DataDir
+from crawler.storage.formats.warc import make_warc_id
+from crawler.storage.records import warc_date
 from crawler.tools.wacz import WaczBuilder
 from tests.checks import catalog_rows, response_records
 from tests.conftest import ROOT, run_crawl, write_urls
@@ -98,3 +103,26 @@ def test_each_followed_redirect_is_its_own_response_record(site, tmp_path, data_
         pages = [json.loads(line) for line in zf.read("pages/pages.jsonl").splitlines()[1:]]
     urls = [page["url"] for page in pages]
     assert sorted(urls) == sorted({f"{base}/page/7.html", f"{base}/page/8.html"})
+
+
+def test_record_dates_are_datetimes_text_to_the_microsecond():
+    rng = random.Random(5)
+    stamps = [rng.uniform(0, 4e9) for _ in range(50_000)]
+    # Rounding to the microsecond: halves (to even), and into the next second.
+    stamps += [1_700_000_000 + f for f in (0.0, 0.0000005, 0.0000015, 0.9999994, 0.9999996)]
+    stamps += [1_764_567_890.123456 + n * 1e-7 for n in range(5_000)]  # within one second
+    for ts in stamps:
+        assert warc_date(ts) == datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def test_record_ids_are_random_uuid_urns():
+    ids = [make_warc_id() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    for record_id in ids:
+        assert record_id.startswith("<urn:uuid:") and record_id.endswith(">")
+        parsed = uuid.UUID(record_id[10:-1])
+        assert (str(parsed), parsed.version, parsed.variant) == (
+            record_id[10:-1],
+            4,
+            uuid.RFC_4122,
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -145,9 +146,30 @@ def header(headers: Headers, name: str) -> str | None:
     return None
 
 
+# The last whole second warc_date formatted, and its text: replaced as one tuple, so
+# that threads sharing it never pair a second with another one's text.
+_last_second: tuple[float, str] = (-1.0, "")
+
+
 def warc_date(ts: float) -> str:
-    """A time as the catalog and WARC-Date write it: ISO 8601 UTC, microseconds."""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """A time as the catalog and WARC-Date write it: ISO 8601 UTC, microseconds.
+
+    The same text as ``datetime.fromtimestamp(ts, UTC).strftime(...%fZ)`` (microseconds
+    rounded half to even, as ``fromtimestamp`` does) at a fraction of the cost: the
+    second is formatted once and reused (two or three dates per stored page).
+    """
+    global _last_second
+    frac, whole = math.modf(ts)
+    micro = round(frac * 1e6)
+    if micro >= 1_000_000:
+        whole, micro = whole + 1, micro - 1_000_000
+    elif micro < 0:
+        whole, micro = whole - 1, micro + 1_000_000
+    second, text = _last_second
+    if second != whole:
+        text = datetime.fromtimestamp(whole, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        _last_second = (whole, text)
+    return f"{text}{micro:06d}Z"
 
 
 _B32 = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
