@@ -33,9 +33,7 @@ def gzip_members(path):
 
 
 def compress(compressor: str, level: int, raw: bytes) -> bytes:
-    module = COMPRESSORS[compressor]
-    comp = module.compressobj(level, module.DEFLATED, 31)
-    return comp.compress(raw) + comp.flush()
+    return COMPRESSORS[compressor].compress(raw, level, 31)
 
 
 @pytest.mark.parametrize(
