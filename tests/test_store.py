@@ -80,6 +80,58 @@ def test_a_message_cut_short_by_a_killed_crawl_is_dropped():
     os.close(read_fd)
 
 
+def test_messages_read_ahead_arrive_whole_and_in_order_and_a_cut_one_is_dropped():
+    read_fd, write_fd = os.pipe()
+    rng = random.Random(3)
+    # Small messages (many per read), bodies larger than the read-ahead (read straight
+    # into place), and empty ones.
+    sizes = [rng.choice([0, 10, 300, 5_000, 9_000, 70_000]) for _ in range(400)]
+    sent = [("put", fetch(f"k{n}", rng.randbytes(size)), {"n": n}) for n, size in enumerate(sizes)]
+    sent += [("items", ("key", "spider", [("t", ("a",), {}, (), [(n,)])], "now", False, False))
+             for n in range(50)]  # fmt: skip
+
+    def send() -> None:
+        for msg in sent:
+            send_frame(write_fd, msg)
+        os.close(write_fd)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    reader = FrameReader(read_fd, read_ahead=8192)
+    got, read_ahead_seen = [], False
+    while True:
+        try:
+            msg = reader.recv()
+        except EOFError:
+            break
+        read_ahead_seen = read_ahead_seen or reader.buffered
+        got.append(msg)
+    sender.join()
+    os.close(read_fd)
+    assert read_ahead_seen  # some reads brought more than one message
+    assert len(got) == len(sent)
+    for (op, one, rest), (sent_op, two, sent_rest) in zip(got[:400], sent[:400], strict=True):
+        assert (op, one.key, bytes(one.body), rest) == (sent_op, two.key, two.body, sent_rest)
+    assert got[400:] == sent[400:]
+
+    # A message cut short after whole ones: the whole ones come, then EOFError.
+    read_fd, write_fd = os.pipe()
+    frames_read, frames_write = os.pipe()
+    for n in range(3):
+        send_frame(frames_write, ("put", fetch(f"w{n}", b"x" * 100), None))
+    send_frame(frames_write, ("put", fetch("cut", b"y" * 1000), None))
+    os.close(frames_write)
+    with os.fdopen(frames_read, "rb") as f:
+        frames = f.read()
+    os.write(write_fd, frames[:-500])
+    os.close(write_fd)
+    reader = FrameReader(read_fd, read_ahead=8192)
+    assert [reader.recv()[1].key for _ in range(3)] == ["w0", "w1", "w2"]
+    with pytest.raises(EOFError):
+        reader.recv()
+    os.close(read_fd)
+
+
 def test_bodies_cross_the_shared_ring_wrapping_around_it_and_overflow_into_the_pipe(tmp_path):
     rng = random.Random(7)
     bodies = {f"k{n}": rng.randbytes(rng.randint(1, 30_000)) for n in range(300)}

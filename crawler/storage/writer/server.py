@@ -36,6 +36,9 @@ from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_fr
 # while it stays empty. The pipe and the ring hold much more than the crawl sends in
 # the longer one.
 IDLE_SLEEP = (0.001, 0.02)
+# Bytes asked for by each read of the pipe: a few dozen messages, whose bodies (in the
+# ring) take much less than the ring holds.
+READ_AHEAD = 8192
 RESUMES = "rows committed so far are intact, the next run repairs the archive and resumes"
 
 
@@ -60,7 +63,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
     def answer(*msg) -> None:
         send_frame(reply_fd, msg)
 
-    reader = FrameReader(data_fd, ring)
+    reader = FrameReader(data_fd, ring, read_ahead=READ_AHEAD)
     try:
         op, config = reader.recv()
     except EOFError:
@@ -81,7 +84,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
             # Polled, never waited on: a process asleep on the pipe is woken by every
             # write of the crawl, and on a virtual machine that wake-up cost the
             # crawl's thread more than the rest of sending a message (README).
-            if not readable(data_fd):
+            if not reader.buffered and not readable(data_fd):
                 if ring is not None:
                     ring.publish()  # the poll was a system call
                 store.tick()

@@ -138,35 +138,73 @@ def send_frame(fd: int, msg: tuple, ring: BodyRing | None = None) -> None:
 
 
 class FrameReader:
-    """Reads the messages :func:`send_frame` writes; a message cut short is an EOFError."""
+    """Reads the messages :func:`send_frame` writes; a message cut short is an EOFError.
 
-    def __init__(self, fd: int, ring: BodyRing | None = None):
+    With ``read_ahead``, each read asks for at least that many bytes, so that one
+    system call brings several small messages (the writer's side: a stored page is
+    two of them); without it, nothing past the message is read, so that ``readable``
+    on the descriptor stays true while a message waits (the crawl's side, replies).
+    A read ahead small enough for its messages' bodies to fit in the ring keeps the
+    ring flowing: space taken is given back after each read.
+    """
+
+    def __init__(self, fd: int, ring: BodyRing | None = None, read_ahead: int = 0):
         self.fd = fd
         self.ring = ring
+        self.read_ahead = read_ahead
         self._file = io.FileIO(fd, "rb", closefd=False)
+        self._buf = bytearray()
+        self._pos = 0
 
-    def _read_into(self, view: memoryview) -> None:
-        while view:
-            n = self._file.readinto(view)
-            if not n:
+    @property
+    def buffered(self) -> bool:
+        """Whether bytes read ahead wait here (``readable`` cannot see them)."""
+        return self._pos < len(self._buf)
+
+    def _fill(self, need: int) -> None:
+        """Read until ``need`` bytes wait past the read position."""
+        while len(self._buf) - self._pos < need:
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            chunk = self._file.read(max(self.read_ahead, need - len(self._buf)))
+            if not chunk:
                 raise EOFError
-            view = view[n:]
+            self._buf += chunk
+            if self.ring is not None:
+                self.ring.publish()  # a system call has passed since the last take
+
+    def _take(self, n: int) -> memoryview:
+        """The next ``n`` bytes, valid until the next read."""
+        self._fill(n)
+        start = self._pos
+        self._pos += n
+        return memoryview(self._buf)[start : self._pos]
+
+    def _body(self, n: int) -> bytearray:
+        """An inline body: what was read ahead of it, the rest read straight into it."""
+        body = bytearray(n)
+        have = min(len(self._buf) - self._pos, n)
+        body[:have] = self._buf[self._pos : self._pos + have]
+        self._pos += have
+        view = memoryview(body)[have:]
+        while view:
+            got = self._file.readinto(view)
+            if not got:
+                raise EOFError
+            view = view[got:]
+        return body
 
     def recv(self) -> tuple:
-        head = bytearray(_FRAME.size)
-        self._read_into(memoryview(head))
-        if self.ring is not None:
-            self.ring.publish()  # a system call has passed since the last take
-        meta_len, body_len, offset = _FRAME.unpack(head)
-        meta = bytearray(meta_len)
-        self._read_into(memoryview(meta))
-        msg = pickle.loads(meta)
+        with self._take(_FRAME.size) as head:
+            meta_len, body_len, offset = _FRAME.unpack(head)
+        with self._take(meta_len) as meta:
+            msg = pickle.loads(meta)
         body = b""
         if offset != INLINE:
             body = self.ring.take(offset, body_len)
         elif body_len:
-            body = bytearray(body_len)
-            self._read_into(memoryview(body))
+            body = self._body(body_len)
         if msg[0] in ("put", "touch"):
             fetch = Fetch(**dict(zip(FETCH_FIELDS, msg[1], strict=True)), body=body)
             msg = (msg[0], fetch, *msg[2:])
