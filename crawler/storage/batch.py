@@ -56,7 +56,10 @@ class BatchWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._upserts) + len(self._touches) + sum(x.pending for x in self._extra)
+        n = len(self._upserts) + len(self._touches)
+        for source in self._extra:
+            n += source.pending
+        return n
 
     def upsert(self, row: Row) -> None:
         # Not dataclasses.astuple: it deep-copies every field (README: Benchmarks).
@@ -68,8 +71,9 @@ class BatchWriter:
         self._maybe_flush()
 
     def due(self) -> bool:
-        return self.pending and (
-            self.pending >= self.batch_size or time.monotonic() - self._since >= self.flush_seconds
+        pending = self.pending  # asked after every row: once
+        return bool(pending) and (
+            pending >= self.batch_size or time.monotonic() - self._since >= self.flush_seconds
         )
 
     def _maybe_flush(self) -> None:
