@@ -91,6 +91,12 @@ class SiteSpider(scrapy.Spider):
         spider = super().from_crawler(crawler, *args, **kwargs)
         if spider.summaries is None:
             spider.summaries = crawler.settings.getbool("REPARSING")
+        if type(spider) is SiteSpider and not spider.summaries and not crawler.settings.frozen:
+            # Its callbacks yield no items: no page waits for a report of its items
+            # (one message to the writer per page spared), its row is committed as
+            # it comes. Not for a subclass, whose callbacks may yield items; and a
+            # -s CATALOG_ITEMS_ENABLED on the command line still wins.
+            crawler.settings.set("CATALOG_ITEMS_ENABLED", False, priority="spider")
         return spider
 
     async def start(self):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import signal
 import sqlite3
+import time
 
 from tests.checks import catalog_rows
 from tests.cmdline import run_scrapy
-from tests.conftest import run_crawl, write_urls
+from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
 
 
 def tables(data_dir) -> set[str]:
@@ -52,3 +54,74 @@ def test_summaries_at_crawl_time_on_request(site, tmp_path, data_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(catalog_rows(data_dir)) == len(html + other)
     assert summarized(data_dir) == set(html)
+
+
+def page_log(data_dir) -> list[str]:
+    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in conn.execute("SELECT _key FROM _page_log ORDER BY seq")]
+    finally:
+        conn.close()
+
+
+def catalog_keys(data_dir) -> list[str]:
+    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
+    try:
+        return [r[0] for r in conn.execute("SELECT key FROM artifacts")]
+    finally:
+        conn.close()
+
+
+def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, tmp_path, data_dir):
+    """Without summaries no page waits for a report of its items, and no page is
+    reported; every committed row still reaches the page log, those a kill -9 left
+    to the next run's recovery included, so that a follower parses each page once."""
+    urls = [f"{site.base_url}/slow/{n}?ms=30" for n in range(80)]
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    # Nothing committed before the kill: the records written so far are indexed by
+    # the next run's recovery, the path on which pages could miss the page log.
+    crawl = start_crawl(
+        url_file,
+        data_dir,
+        *("-s", "CATALOG_BATCH_SIZE=1000", "-s", "CATALOG_FLUSH_SECONDS=600"),
+        *("-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"),
+        log_path=tmp_path / "crawl1.log",
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while sum(p.stat().st_size for p in data_dir.glob("archive/*.warc.gz")) < 20_000:
+            assert time.monotonic() < deadline, (tmp_path / "crawl1.log").read_text()[-3000:]
+            time.sleep(0.05)
+    finally:
+        kill_group(crawl, signal.SIGKILL)  # the whole tree: the writer too
+    assert len(catalog_keys(data_dir)) < len(urls)  # killed mid-crawl
+
+    result = run_crawl(url_file, data_dir, "-s", "LOG_LEVEL=INFO")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "stored records the catalog lacked" in result.stderr
+    keys = catalog_keys(data_dir)
+    assert len(keys) == len(urls)
+    logged = page_log(data_dir)
+    assert sorted(logged) == sorted(keys)  # each page once, recovered ones included
+    assert "_item_pages" not in tables(data_dir)  # no page waited for its items
+
+    result = run_scrapy(
+        "reparse", "site", "--follow", "--until-idle", "1", "-s", f"DATA_DIR={data_dir}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
+    try:
+        summaries = sorted(r[0] for r in conn.execute("SELECT _key FROM page_summary"))
+    finally:
+        conn.close()
+    assert summaries == sorted(keys)
+
+
+def test_items_at_crawl_time_stay_on_when_the_command_line_asks(site, tmp_path, data_dir):
+    html, _ = pages(site)
+    url_file = write_urls(tmp_path / "urls.txt", html)
+    result = run_crawl(url_file, data_dir, "-s", "CATALOG_ITEMS_ENABLED=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "_item_pages" in tables(data_dir)  # every page reported, without items
+    assert sorted(page_log(data_dir)) == sorted(catalog_keys(data_dir))
+    assert summarized(data_dir) == set()

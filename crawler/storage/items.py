@@ -393,6 +393,32 @@ class ItemTableWriter:
         self.catalog.close()
 
 
+class PageLogWriter:
+    """A store without items (``StoreConfig.items`` off): the pages whose rows each
+    batch commits still go to the page log, in that batch's transaction, so that a
+    ``reparse --follow`` beside the crawl sees every page."""
+
+    # The rows these keys go with count toward the batch already.
+    pending = 0
+
+    def __init__(self, conn: sqlite3.Connection):
+        self._conn = conn
+        self._keys: list[tuple[str]] = []
+        self._created = False
+
+    def add(self, key: str) -> None:
+        self._keys.append((key,))
+
+    def write(self) -> None:
+        if not self._keys:
+            return
+        if not self._created:
+            self._conn.execute(PAGE_LOG_SQL)
+            self._created = True
+        self._conn.executemany(f"INSERT INTO {PAGE_LOG} (_key) VALUES (?)", self._keys)
+        self._keys.clear()
+
+
 class ItemStore:
     """The writer process's side: holds each page's row until its items arrive.
 

@@ -173,7 +173,7 @@ class StorageSession:
         ``runs.jsonl`` once the data directory is locked."""
         self.start_writer()
         self._lock.acquire()
-        recovery = recover(self.datadir)
+        recovery = recover(self.datadir, log_pages=not self.config.store.items)
         for repair in recovery.repairs:
             logger.warning(
                 "Repaired %s left open by a killed run: %d records kept, %d bytes cut%s",

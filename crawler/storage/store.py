@@ -23,7 +23,7 @@ from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import StoreError
 from crawler.storage.formats.base import Repair
-from crawler.storage.items import ItemStore, PageItems
+from crawler.storage.items import ItemStore, PageItems, PageLogWriter
 from crawler.storage.records import Fetch, Row, Touch, header, warc_date
 
 
@@ -56,9 +56,11 @@ class Recovery:
     log_cut: bytes = b""  # a torn last line cut off the action log
 
 
-def recover(datadir: DataDir) -> Recovery:
+def recover(datadir: DataDir, log_pages: bool = False) -> Recovery:
     """Repair archives a killed run left unfinished, index what the catalog lacks, and
-    cut a torn last line off the action log.
+    cut a torn last line off the action log. ``log_pages``: the rows indexed go to the
+    page log too, with them (a crawl without items; with items, the pages are parsed
+    again and logged with their items).
 
     Call it with the data directory locked and no writer running.
     """
@@ -73,19 +75,27 @@ def recover(datadir: DataDir) -> Recovery:
             repair = formats.for_path(path).repair(path, datadir.root)
             result.repairs.append(repair)
             result.indexed_rows += index_missing(
-                catalog, repair.indexed.rows, repair.indexed.touches
+                catalog, repair.indexed.rows, repair.indexed.touches, log_pages
             )
     return result
 
 
-def index_missing(catalog: Catalog, rows: list[Row], touches: list[Touch]) -> int:
-    """UPSERT rows the catalog lacks or holds an older fetch of; apply newer 304s."""
+def index_missing(
+    catalog: Catalog, rows: list[Row], touches: list[Touch], log_pages: bool = False
+) -> int:
+    """UPSERT rows the catalog lacks or holds an older fetch of; apply newer 304s.
+    ``log_pages``: append the rows' keys to the page log in the same transactions."""
     added = 0
     with catalog.writer(batch_size=1000) as batch:
+        page_log = PageLogWriter(catalog.conn) if log_pages else None
+        if page_log is not None:
+            batch.add_writes(page_log)
         for row in rows:
             have = catalog.get(row.key)
             if have is None or have.fetched_at < row.fetched_at:
                 batch.upsert(row)
+                if page_log is not None:
+                    page_log.add(row.key)
                 added += 1
         for key, etag, last_modified, fetched_at in touches:
             have = catalog.get(key)
@@ -118,9 +128,13 @@ class Store:
             after_commit=self._log_committed,
         )
         self.items: ItemStore | None = None
+        self.page_log: PageLogWriter | None = None
         if config.items:
             self.items = ItemStore(self._queue_row, self.catalog.conn)
             self.batch.add_writes(self.items)
+        else:
+            self.page_log = PageLogWriter(self.catalog.conn)
+            self.batch.add_writes(self.page_log)
         self._roll_due: float | None = None
         self.stored = 0
         self.refreshed = 0
@@ -141,6 +155,7 @@ class Store:
         else:
             if action is not None:
                 self._actions.append(action)
+            self.page_log.add(row.key)
             self.batch.upsert(row)
         self.stored += 1
         self.bytes += row.bytes
