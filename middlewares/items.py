@@ -47,7 +47,9 @@ class ItemPagesMiddleware:
     def __init__(self, crawler):
         settings = crawler.settings
         if not settings.getbool("CATALOG_ITEMS_ENABLED"):
-            raise NotConfigured("CATALOG_ITEMS_ENABLED is off")
+            # Without a message Scrapy says nothing: off by choice (the setting, or
+            # a spider whose callbacks yield no items), not worth a warning.
+            raise NotConfigured
         if not settings.getbool("ARCHIVE_ENABLED", True):
             raise NotConfigured("ARCHIVE_ENABLED is off: items have no catalog to go to")
         self.crawler = crawler

@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 class CatalogPipeline:
     def __init__(self, crawler):
         if not crawler.settings.getbool("CATALOG_ITEMS_ENABLED"):
-            raise NotConfigured("CATALOG_ITEMS_ENABLED is off")
+            # Without a message Scrapy says nothing: off by choice (the setting, or
+            # a spider whose callbacks yield no items), not worth a warning.
+            raise NotConfigured
         if not crawler.settings.getbool("ARCHIVE_ENABLED", True):
             raise NotConfigured("ARCHIVE_ENABLED is off: items have no catalog to go to")
         self.crawler = crawler
