@@ -11,22 +11,23 @@ from tests.cmdline import run_scrapy
 from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
 
 
-def tables(data_dir) -> set[str]:
+def column(data_dir, sql: str) -> list:
+    """The first column of ``sql``'s rows, read as a third party would (sqlite3)."""
     conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
     try:
-        return {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        return [r[0] for r in conn.execute(sql)]
     finally:
         conn.close()
+
+
+def tables(data_dir) -> set[str]:
+    return set(column(data_dir, "SELECT name FROM sqlite_master WHERE type='table'"))
 
 
 def summarized(data_dir) -> set[str]:
     if "page_summary" not in tables(data_dir):
         return set()
-    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
-    try:
-        return {r[0] for r in conn.execute("SELECT url FROM page_summary")}
-    finally:
-        conn.close()
+    return set(column(data_dir, "SELECT url FROM page_summary"))
 
 
 def pages(site) -> tuple[list[str], list[str]]:
@@ -57,19 +58,11 @@ def test_summaries_at_crawl_time_on_request(site, tmp_path, data_dir):
 
 
 def page_log(data_dir) -> list[str]:
-    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
-    try:
-        return [r[0] for r in conn.execute("SELECT _key FROM _page_log ORDER BY seq")]
-    finally:
-        conn.close()
+    return column(data_dir, "SELECT _key FROM _page_log ORDER BY seq")
 
 
 def catalog_keys(data_dir) -> list[str]:
-    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
-    try:
-        return [r[0] for r in conn.execute("SELECT key FROM artifacts")]
-    finally:
-        conn.close()
+    return column(data_dir, "SELECT key FROM artifacts")
 
 
 def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, tmp_path, data_dir):
@@ -109,12 +102,7 @@ def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, t
         "reparse", "site", "--follow", "--until-idle", "1", "-s", f"DATA_DIR={data_dir}"
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    conn = sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
-    try:
-        summaries = sorted(r[0] for r in conn.execute("SELECT _key FROM page_summary"))
-    finally:
-        conn.close()
-    assert summaries == sorted(keys)
+    assert sorted(column(data_dir, "SELECT _key FROM page_summary")) == sorted(keys)
 
 
 def test_items_at_crawl_time_stay_on_when_the_command_line_asks(site, tmp_path, data_dir):
