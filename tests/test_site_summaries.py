@@ -69,7 +69,7 @@ def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, t
     """Without summaries no page waits for a report of its items, and no page is
     reported; every committed row still reaches the page log, those a kill -9 left
     to the next run's recovery included, so that a follower parses each page once."""
-    urls = [f"{site.base_url}/slow/{n}?ms=30" for n in range(80)]
+    urls = [f"{site.base_url}/slow/{n}?ms=40" for n in range(160)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
     # Nothing committed before the kill: the records written so far are indexed by
     # the next run's recovery, the path on which pages could miss the page log.
