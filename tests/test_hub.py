@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from crawler.hub import (
     normalize_proxy_url,
     redact_url,
 )
-from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
+from tests.hubs import hub_url, pg_schema_url  # noqa: F401 - hub_url: a fixture
 from tests.servers import need_module
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -270,6 +272,63 @@ def test_expired_lease_is_taken_over_and_its_holder_told(pool):
     old = next(r for r in pool.usage() if r.id == stale.lease_id)
     assert old.end_reason == "expired" and old.ended <= fresh.started
     assert pool.renew(fresh, 60)
+
+
+def test_a_rotation_waits_for_its_own_lease_before_it_holds_another_proxy():
+    """Two rotations deadlocked when each held the row of the next proxy it picked while
+    waiting for the row of the lease it releases. A rotation must wait, if it waits, before
+    it holds any other row: here its lease's row is held elsewhere, and every other proxy
+    must stay free to lock until that lets go."""
+    url, drop = pg_schema_url()
+    import psycopg  # there: pg_schema_url skips with a reason when it is missing
+
+    blocker = psycopg.connect(url)
+    checker = psycopg.connect(url, autocommit=True)
+    try:
+        with Hub.open(url) as hub:
+            pool = ProxyPool(hub)
+            pool.add([f"http://127.0.0.1:{port}" for port in range(1, 5)])
+            lease = pool.acquire(HOLDER, 60)
+            others = [p.id for p in pool.proxies() if p.id != lease.proxy_id]
+            blocker.execute(
+                "SELECT id FROM hub_proxies WHERE id = %s FOR UPDATE", (lease.proxy_id,)
+            )
+            result: list = []
+            rotating = threading.Thread(
+                target=lambda: result.append(
+                    pool.rotate(lease, "rotated", UsageCounts(1), NO_REST, HOLDER, 60)
+                )
+            )
+            rotating.start()
+            try:
+                waiting = (
+                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()"
+                )
+                deadline = time.monotonic() + 30
+                while checker.execute(waiting).fetchone()[0] == 0 and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                try:
+                    with checker.transaction():
+                        rows = checker.execute(
+                            "SELECT id FROM hub_proxies WHERE id <> %s ORDER BY id "
+                            "FOR UPDATE NOWAIT",
+                            (lease.proxy_id,),
+                        ).fetchall()
+                        free_to_lock = [row[0] for row in rows]
+                except psycopg.errors.LockNotAvailable:
+                    free_to_lock = None
+            finally:
+                blocker.commit()  # lets the rotation go on, whatever was found
+                rotating.join(30)
+            assert time.monotonic() < deadline, "the rotation never waited for its lease's row"
+            assert free_to_lock == others, "the rotation held another proxy while it waited"
+            assert not rotating.is_alive()
+            released, new = result[0]
+            assert released and new is not None and new.proxy_id in others
+    finally:
+        blocker.close()
+        checker.close()
+        drop()
 
 
 # --- bad input ---------------------------------------------------------------------------

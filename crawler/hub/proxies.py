@@ -193,6 +193,13 @@ RETURNING p.id
 # it, which never picks the proxy being released. It commits synchronously, as taking a
 # lease does. Parameters: those of _PG_RELEASE, then the proxy released, then those of
 # _PG_ACQUIRE.
+#
+# The release runs first, forced by the pick's condition on it (an InitPlan, evaluated
+# before the pick's scan): left to the planner, the pick ran first, and a rotation that
+# held the next proxy's row while it waited for its own lease's row deadlocked with one
+# doing the same the other way round (a SKIP LOCKED pick keeps the lock of a row it
+# locked and then found leased after all). Waiting only before it holds anything, a
+# rotation is never part of a cycle.
 _PG_ROTATE = (
     """
 WITH t AS (SELECT NOW() AS now),
@@ -211,7 +218,8 @@ released AS (
 pick AS (
     SELECT p.id, p.state, p.lease_id AS old_lease, p.lease_expires AS old_expires
     FROM hub_proxies p
-    WHERE p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
+    WHERE (SELECT COUNT(*) FROM released) >= 0
+    AND p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
     AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t) AND p.id <> ?
     ORDER BY COALESCE(p.last_used, 0), p.id LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
