@@ -290,6 +290,7 @@ def test_a_rotation_waits_for_its_own_lease_before_it_holds_another_proxy():
             pool.add([f"http://127.0.0.1:{port}" for port in range(1, 5)])
             lease = pool.acquire(HOLDER, 60)
             others = [p.id for p in pool.proxies() if p.id != lease.proxy_id]
+            backend = hub.query("SELECT pg_backend_pid()")[0][0]  # the rotation's server process
             blocker.execute(
                 "SELECT id FROM hub_proxies WHERE id = %s FOR UPDATE", (lease.proxy_id,)
             )
@@ -301,11 +302,12 @@ def test_a_rotation_waits_for_its_own_lease_before_it_holds_another_proxy():
             )
             rotating.start()
             try:
-                waiting = (
-                    "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid <> pg_backend_pid()"
-                )
+                waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = %s"
                 deadline = time.monotonic() + 30
-                while checker.execute(waiting).fetchone()[0] == 0 and time.monotonic() < deadline:
+                while (
+                    checker.execute(waiting, (backend,)).fetchone()[0] == 0
+                    and time.monotonic() < deadline
+                ):
                     time.sleep(0.02)
                 try:
                     with checker.transaction():
