@@ -303,11 +303,9 @@ def test_a_rotation_waits_for_its_own_lease_before_it_holds_another_proxy():
             rotating.start()
             try:
                 waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = %s"
-                deadline = time.monotonic() + 30
-                while (
-                    checker.execute(waiting, (backend,)).fetchone()[0] == 0
-                    and time.monotonic() < deadline
-                ):
+                deadline, waited = time.monotonic() + 30, False
+                while not waited and time.monotonic() < deadline:
+                    waited = checker.execute(waiting, (backend,)).fetchone()[0] > 0
                     time.sleep(0.02)
                 try:
                     with checker.transaction():
@@ -322,7 +320,7 @@ def test_a_rotation_waits_for_its_own_lease_before_it_holds_another_proxy():
             finally:
                 blocker.commit()  # lets the rotation go on, whatever was found
                 rotating.join(30)
-            assert time.monotonic() < deadline, "the rotation never waited for its lease's row"
+            assert waited, "the rotation never waited for its lease's row"
             assert free_to_lock == others, "the rotation held another proxy while it waited"
             assert not rotating.is_alive()
             released, new = result[0]
