@@ -96,22 +96,15 @@ _MIGRATIONS: dict[int, list[str]] = {
     ],
 }
 
-# PostgreSQL takes and renews leases in one statement each, as a transaction of its own
-# (one round trip, one commit). Taking and renewing a lease commit synchronously: a lease
-# the hub forgot in a crash could be given to a second holder while the first still uses
-# it. Releasing commits without waiting for the WAL flush (synchronous_commit off for that
-# transaction only): a crash of the server loses at most the releases of its last few
-# hundred milliseconds, whose proxies then stay leased until their TTL runs out and are
-# taken over, their usage rows closed at the lease's expiry (a later end than the true
-# one, so intervals read from the usage table never look shorter than they were). A clean
-# restart loses nothing.
-_PG_ACQUIRE = """
-WITH t AS (SELECT NOW() AS now),
-pick AS (
+# Taking a lease up to its last step, shared by _PG_ACQUIRE and _PG_ROTATE: the least
+# recently used free proxy locked, its expired lease's usage row closed, the new usage
+# row written. ``first``: a condition the pick must evaluate before it scans (see
+# _PG_ROTATE); ``besides``: one more condition on the proxy.
+_TAKE_STEPS = """pick AS (
     SELECT p.id, p.state, p.lease_id AS old_lease, p.lease_expires AS old_expires
     FROM hub_proxies p
-    WHERE p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
-    AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t)
+    WHERE {first}p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
+    AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t){besides}
     ORDER BY COALESCE(p.last_used, 0), p.id LIMIT 1 FOR UPDATE SKIP LOCKED
 ),
 expired AS (
@@ -121,12 +114,32 @@ expired AS (
 usage AS (
     INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
     SELECT pick.id, ?, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
-)
-UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
+)"""
+
+_TAKE = """UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
     lease_expires = usage.started + ?, stretch_uses = 0, last_used = usage.started
-FROM usage WHERE p.id = usage.proxy_id
+FROM usage WHERE p.id = usage.proxy_id"""
+
+# PostgreSQL takes and renews leases in one statement each, as a transaction of its own
+# (one round trip, one commit). Taking and renewing a lease commit synchronously: a lease
+# the hub forgot in a crash could be given to a second holder while the first still uses
+# it. Releasing commits without waiting for the WAL flush (synchronous_commit off for that
+# transaction only): a crash of the server loses at most the releases of its last few
+# hundred milliseconds, whose proxies then stay leased until their TTL runs out and are
+# taken over, their usage rows closed at the lease's expiry (a later end than the true
+# one, so intervals read from the usage table never look shorter than they were). A clean
+# restart loses nothing.
+_PG_ACQUIRE = (
+    """
+WITH t AS (SELECT NOW() AS now),
+"""
+    + _TAKE_STEPS.format(first="", besides="")
+    + "\n"
+    + _TAKE
+    + """
 RETURNING p.id, p.url, usage.id, usage.started
 """
+)
 
 _PG_RENEW = """
 WITH t AS (SELECT NOW() AS now),
@@ -168,6 +181,15 @@ r AS (
     FROM cur, t
 )"""
 
+# The release's last step: the proxy freed, resting or banned, its counts added.
+_RELEASE = """UPDATE hub_proxies p SET
+    state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
+    holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
+    consecutive_bans = r.streak, total_uses = p.total_uses + ?, failures = p.failures + ?,
+    bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
+FROM r WHERE p.id = r.id
+RETURNING p.id"""
+
 # Parameters: proxy id, lease id; counts (requests, bytes, failures, bans); reason;
 # usage row id; reason (banned?); rest seconds, ban rest seconds, ban rest cap, jitter
 # factor; counts (requests, failures, bans, requests).
@@ -176,15 +198,9 @@ _PG_RELEASE = (
 WITH t AS (SELECT NOW() AS now, set_config('synchronous_commit', 'off', true)),
 """
     + _RELEASE_STEPS
-    + """
-UPDATE hub_proxies p SET
-    state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
-    holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
-    consecutive_bans = r.streak, total_uses = p.total_uses + ?, failures = p.failures + ?,
-    bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
-FROM r WHERE p.id = r.id
-RETURNING p.id
-"""
+    + "\n"
+    + _RELEASE
+    + "\n"
 )
 
 
@@ -207,34 +223,19 @@ WITH t AS (SELECT NOW() AS now),
     + _RELEASE_STEPS
     + """,
 released AS (
-    UPDATE hub_proxies p SET
-        state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
-        holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
-        consecutive_bans = r.streak, total_uses = p.total_uses + ?, failures = p.failures + ?,
-        bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
-    FROM r WHERE p.id = r.id
-    RETURNING p.id
+"""
+    + _RELEASE
+    + """
 ),
-pick AS (
-    SELECT p.id, p.state, p.lease_id AS old_lease, p.lease_expires AS old_expires
-    FROM hub_proxies p
-    WHERE (SELECT COUNT(*) FROM released) >= 0
-    AND p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
-    AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t) AND p.id <> ?
-    ORDER BY COALESCE(p.last_used, 0), p.id LIMIT 1 FOR UPDATE SKIP LOCKED
-),
-expired AS (
-    UPDATE hub_proxy_usage u SET ended = pick.old_expires, end_reason = 'expired'
-    FROM pick WHERE pick.state = 'leased' AND u.id = pick.old_lease AND u.ended IS NULL
-),
-usage AS (
-    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
-    SELECT pick.id, ?, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
-),
+"""
+    + _TAKE_STEPS.format(
+        first="(SELECT COUNT(*) FROM released) >= 0\n    AND ", besides=" AND p.id <> ?"
+    )
+    + """,
 taken AS (
-    UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
-        lease_expires = usage.started + ?, stretch_uses = 0, last_used = usage.started
-    FROM usage WHERE p.id = usage.proxy_id
+"""
+    + _TAKE
+    + """
     RETURNING p.id, p.url, usage.id AS lease_id, usage.started
 )
 SELECT (SELECT COUNT(*) FROM released), taken.id, taken.url, taken.lease_id, taken.started
