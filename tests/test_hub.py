@@ -166,19 +166,32 @@ def _indexes(hub: Hub) -> set[str]:
     return {row[0] for row in rows}
 
 
+def _functions(hub: Hub) -> set[str]:
+    rows = hub.query(
+        "SELECT proname FROM pg_proc WHERE pronamespace = current_schema()::regnamespace"
+    )
+    return {row[0] for row in rows}
+
+
 def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         ProxyPool(hub)
         assert "hub_proxies_lru" in _indexes(hub)
-        # Back to version 1: without what versions 2 and 3 added.
+        # Back to version 1: without what versions 2, 3 and 4 added.
         hub.execute("DROP INDEX hub_proxies_lru")
         hub.execute("DROP INDEX hub_proxy_usage_started")
         hub.execute("ALTER TABLE hub_proxy_usage DROP COLUMN waited")
+        if hub.backend == "postgresql":
+            for function in ("hub_rotate", "hub_take", "hub_release"):
+                hub.execute(f"DROP FUNCTION {function}")
+            assert not _functions(hub)
         hub.execute("DELETE FROM hub_schema WHERE version > 1")
     with Hub.open(hub_url) as hub:
         pool = ProxyPool(hub)
-        assert pool.schema_version() == SCHEMA_VERSION == 3
+        assert pool.schema_version() == SCHEMA_VERSION == 4
         assert {"hub_proxies_lru", "hub_proxy_usage_started"} <= _indexes(hub)
+        if hub.backend == "postgresql":
+            assert _functions(hub) == {"hub_rotate", "hub_take", "hub_release"}
         pool.add(["http://127.0.0.1:3128"])
         lease = pool.acquire(HOLDER, 60, waited=2.5)
         assert [row.waited for row in pool.usage()] == [2.5] and lease is not None

@@ -33,6 +33,8 @@ from crawler.hub.errors import HubUnavailableError, InvalidHubURLError
 from crawler.hub.redact import redact_text, redact_url
 
 Params = Sequence[Any]
+# A migration's statement: for every dialect, or (dialect name, statement) for one.
+Migration = str | tuple[str, str]
 logger = logging.getLogger(__name__)
 
 
@@ -327,10 +329,11 @@ class Hub:
 
     # --- schema versions --------------------------------------------------------------
     def migrate(
-        self, version_table: str, migrations: Mapping[int, Sequence[str]], lock_key: int
+        self, version_table: str, migrations: Mapping[int, Sequence[Migration]], lock_key: int
     ) -> int:
         """Apply the numbered *migrations* not yet recorded in *version_table*; return the
-        version reached. Safe to call from many processes at once: *lock_key* serialises
+        version reached. A statement given as ``(dialect name, statement)`` runs on that
+        dialect only. Safe to call from many processes at once: *lock_key* serialises
         them on PostgreSQL, where concurrent ``CREATE ... IF NOT EXISTS`` would race."""
         d = self.dialect
         with self.transaction() as tx:
@@ -339,6 +342,10 @@ class Hub:
             current = tx.execute(f"SELECT MAX(version) FROM {version_table}").fetchone()[0] or 0
             for version in sorted(v for v in migrations if v > current):
                 for statement in migrations[version]:
+                    if isinstance(statement, tuple):
+                        only, statement = statement
+                        if only != d.name:
+                            continue
                     tx.execute(statement.format(id=d.id_type, real=d.real_type))
                 tx.execute(f"INSERT INTO {version_table} (version) VALUES (?)", (version,))
         return max(current, *migrations)

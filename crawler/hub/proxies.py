@@ -28,12 +28,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from crawler.hub.db import Hub, Transaction
+from crawler.hub.db import Hub, Migration, Transaction
 from crawler.hub.errors import HubError, InvalidProxyURLError
 from crawler.hub.identity import Holder
 from crawler.hub.redact import normalize_proxy_url, redact_url
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 END_REASONS = ("rotated", "banned", "released", "expired")
 _SCHEMA_LOCK = 7302519001  # serialises concurrent creators of these tables
 
@@ -46,8 +46,115 @@ _USAGE_COLUMNS = (
     "end_reason, waited"
 )
 
+# PostgreSQL takes, releases and rotates leases through the functions of migration 4,
+# one call each: one round trip and one transaction, whose statements each read a fresh
+# snapshot and run a small cached plan. (One statement of CTEs did the same work; with 16
+# clients the server spent a fifth more CPU on each rotation, and a pick that locked a
+# proxy taken after its snapshot held it to the end, stalling that proxy's next release.)
+#
+# Durability is chosen per call. Taking and rotating commit synchronously: a lease the
+# hub forgot in a crash could be given to a second holder while the first still uses
+# it. Releasing commits without waiting for the WAL flush (synchronous_commit off for
+# that transaction only): a crash of the server loses at most the releases of its last
+# few hundred milliseconds, whose proxies then stay leased until their TTL runs out and
+# are taken over, their usage rows closed at the lease's expiry (a later end than the
+# true one, so intervals read from the usage table never look shorter than they were).
+# A clean restart loses nothing.
+#
+# A rotation releases before it picks: it waits, if it waits, for its own lease's row
+# only, holding no other proxy, so two rotations never wait for each other in a cycle.
+_PG_TAKE = """CREATE OR REPLACE FUNCTION hub_take(
+    p_avoid BIGINT, p_host TEXT, p_pid INTEGER, p_task TEXT, p_waited DOUBLE PRECISION,
+    p_holder TEXT, p_ttl DOUBLE PRECISION, OUT new_proxy BIGINT, OUT new_url TEXT,
+    OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
+) LANGUAGE plpgsql AS $$
+DECLARE
+    t DOUBLE PRECISION := NOW();
+    picked RECORD;
+BEGIN
+    -- The least recently used free proxy, from the head of hub_proxies_lru.
+    SELECT id, url, state, lease_id, lease_expires INTO picked FROM hub_proxies
+    WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < t)
+        AND COALESCE(resting_until, 0) <= t AND id <> p_avoid
+    ORDER BY COALESCE(last_used, 0), id LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    IF picked.state = 'leased' THEN
+        UPDATE hub_proxy_usage SET ended = picked.lease_expires, end_reason = 'expired'
+        WHERE id = picked.lease_id AND ended IS NULL;
+    END IF;
+    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
+    VALUES (picked.id, p_host, p_pid, p_task, p_waited, t) RETURNING id INTO new_lease;
+    UPDATE hub_proxies SET state = 'leased', holder = p_holder, lease_id = new_lease,
+        lease_expires = t + p_ttl, stretch_uses = 0, last_used = t
+    WHERE id = picked.id;
+    new_proxy := picked.id;
+    new_url := picked.url;
+    new_started := t;
+END
+$$"""
+
+# A lost lease (the proxy taken over after its TTL) keeps its counts; its end is the
+# taker's to write. The rest doubles with each ban in a row, up to its cap.
+_PG_RELEASE_FUNCTION = """CREATE OR REPLACE FUNCTION hub_release(
+    p_proxy BIGINT, p_lease BIGINT, p_requests BIGINT, p_bytes BIGINT, p_failures BIGINT,
+    p_bans BIGINT, p_reason TEXT, p_rest DOUBLE PRECISION, p_ban_rest DOUBLE PRECISION,
+    p_ban_rest_max DOUBLE PRECISION, p_jitter DOUBLE PRECISION
+) RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+DECLARE
+    t DOUBLE PRECISION := NOW();
+    banned BOOLEAN := p_reason = 'banned';
+    streak INTEGER;
+    used BIGINT;
+    rest DOUBLE PRECISION := 0.0;
+BEGIN
+    SELECT consecutive_bans INTO streak FROM hub_proxies
+    WHERE id = p_proxy AND lease_id = p_lease FOR UPDATE;
+    IF NOT FOUND THEN
+        UPDATE hub_proxy_usage SET requests = requests + p_requests,
+            bytes = bytes + p_bytes, failures = failures + p_failures, bans = bans + p_bans
+        WHERE id = p_lease;
+        RETURN FALSE;
+    END IF;
+    UPDATE hub_proxy_usage SET requests = requests + p_requests, bytes = bytes + p_bytes,
+        failures = failures + p_failures, bans = bans + p_bans, ended = COALESCE(ended, t),
+        end_reason = CASE WHEN ended IS NULL THEN p_reason ELSE end_reason END
+    WHERE id = p_lease RETURNING requests INTO used;
+    IF banned THEN
+        rest := LEAST(p_ban_rest * power(2, streak), p_ban_rest_max) * p_jitter;
+    ELSIF COALESCE(used, 0) > 0 THEN
+        rest := p_rest * p_jitter;
+    END IF;
+    UPDATE hub_proxies SET
+        state = CASE WHEN banned THEN 'banned' WHEN rest > 0 THEN 'resting' ELSE 'free' END,
+        holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = t + rest,
+        consecutive_bans = CASE WHEN banned THEN streak + 1 ELSE 0 END,
+        total_uses = total_uses + p_requests, failures = failures + p_failures,
+        bans = bans + p_bans, stretch_uses = stretch_uses + p_requests, last_used = t
+    WHERE id = p_proxy;
+    RETURN TRUE;
+END
+$$"""
+
+_PG_ROTATE_FUNCTION = """CREATE OR REPLACE FUNCTION hub_rotate(
+    p_proxy BIGINT, p_lease BIGINT, p_requests BIGINT, p_bytes BIGINT, p_failures BIGINT,
+    p_bans BIGINT, p_reason TEXT, p_rest DOUBLE PRECISION, p_ban_rest DOUBLE PRECISION,
+    p_ban_rest_max DOUBLE PRECISION, p_jitter DOUBLE PRECISION, p_host TEXT,
+    p_pid INTEGER, p_task TEXT, p_waited DOUBLE PRECISION, p_holder TEXT,
+    p_ttl DOUBLE PRECISION, OUT released BOOLEAN, OUT new_proxy BIGINT, OUT new_url TEXT,
+    OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
+) LANGUAGE plpgsql AS $$
+BEGIN
+    released := hub_release(p_proxy, p_lease, p_requests, p_bytes, p_failures, p_bans,
+        p_reason, p_rest, p_ban_rest, p_ban_rest_max, p_jitter);
+    SELECT * INTO new_proxy, new_url, new_lease, new_started
+    FROM hub_take(p_proxy, p_host, p_pid, p_task, p_waited, p_holder, p_ttl);
+END
+$$"""
+
 # Numbered migrations; {id} and {real} differ between the dialects.
-_MIGRATIONS: dict[int, list[str]] = {
+_MIGRATIONS: dict[int, list[Migration]] = {
     1: [
         """CREATE TABLE IF NOT EXISTS hub_proxies (
             id {id},
@@ -94,52 +201,25 @@ _MIGRATIONS: dict[int, list[str]] = {
         "ALTER TABLE hub_proxy_usage ADD COLUMN waited {real} NOT NULL DEFAULT 0",
         "CREATE INDEX IF NOT EXISTS hub_proxy_usage_started ON hub_proxy_usage (started)",
     ],
+    # PostgreSQL's lease functions (above); SQLite runs the same steps from Python.
+    4: [
+        ("postgresql", _PG_TAKE),
+        ("postgresql", _PG_RELEASE_FUNCTION),
+        ("postgresql", _PG_ROTATE_FUNCTION),
+    ],
 }
 
-# Taking a lease up to its last step, shared by _PG_ACQUIRE and _PG_ROTATE: the least
-# recently used free proxy locked, its expired lease's usage row closed, the new usage
-# row written. ``first``: a condition the pick must evaluate before it scans (see
-# _PG_ROTATE); ``besides``: one more condition on the proxy.
-_TAKE_STEPS = """pick AS (
-    SELECT p.id, p.state, p.lease_id AS old_lease, p.lease_expires AS old_expires
-    FROM hub_proxies p
-    WHERE {first}p.enabled = 1 AND (p.state <> 'leased' OR p.lease_expires < (SELECT now FROM t))
-    AND COALESCE(p.resting_until, 0) <= (SELECT now FROM t){besides}
-    ORDER BY COALESCE(p.last_used, 0), p.id LIMIT 1 FOR UPDATE SKIP LOCKED
-),
-expired AS (
-    UPDATE hub_proxy_usage u SET ended = pick.old_expires, end_reason = 'expired'
-    FROM pick WHERE pick.state = 'leased' AND u.id = pick.old_lease AND u.ended IS NULL
-),
-usage AS (
-    INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
-    SELECT pick.id, ?, ?, ?, ?, t.now FROM pick, t RETURNING id, proxy_id, started
-)"""
-
-_TAKE = """UPDATE hub_proxies p SET state = 'leased', holder = ?, lease_id = usage.id,
-    lease_expires = usage.started + ?, stretch_uses = 0, last_used = usage.started
-FROM usage WHERE p.id = usage.proxy_id"""
-
-# PostgreSQL takes and renews leases in one statement each, as a transaction of its own
-# (one round trip, one commit). Taking and renewing a lease commit synchronously: a lease
-# the hub forgot in a crash could be given to a second holder while the first still uses
-# it. Releasing commits without waiting for the WAL flush (synchronous_commit off for that
-# transaction only): a crash of the server loses at most the releases of its last few
-# hundred milliseconds, whose proxies then stay leased until their TTL runs out and are
-# taken over, their usage rows closed at the lease's expiry (a later end than the true
-# one, so intervals read from the usage table never look shorter than they were). A clean
-# restart loses nothing.
-_PG_ACQUIRE = (
-    """
-WITH t AS (SELECT NOW() AS now),
-"""
-    + _TAKE_STEPS.format(first="", besides="")
-    + "\n"
-    + _TAKE
-    + """
-RETURNING p.id, p.url, usage.id, usage.started
-"""
+# Parameters: the proxy to pass over (0: none), holder's host, pid and task, seconds
+# waited, the holder, the TTL.
+_PG_ACQUIRE = "SELECT * FROM hub_take(?, ?, ?, ?, ?, ?, ?)"
+# Parameters: proxy id, lease id, counts (requests, bytes, failures, bans), reason, rest
+# seconds, ban rest seconds, ban rest cap, jitter factor.
+_PG_RELEASE = (
+    "SELECT hub_release(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?), "
+    "set_config('synchronous_commit', 'off', true)"
 )
+# Parameters: those of _PG_RELEASE, then those of _PG_ACQUIRE but the first.
+_PG_ROTATE = "SELECT * FROM hub_rotate(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 
 _PG_RENEW = """
 WITH t AS (SELECT NOW() AS now),
@@ -158,90 +238,6 @@ UPDATE hub_proxies p SET lease_expires = t.now + ?,
 FROM b, t WHERE p.id = b.proxy_id AND p.lease_id = b.lease_id AND p.state = 'leased'
 RETURNING p.lease_id
 """
-
-# The release of a lease up to its last step, shared by _PG_RELEASE and _PG_ROTATE
-# (their parameters start with these): the lease row locked, its usage row closed,
-# the proxy's ban streak and rest computed.
-_RELEASE_STEPS = """cur AS (SELECT id, consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ? FOR UPDATE),
-used AS (
-    UPDATE hub_proxy_usage u SET requests = u.requests + ?, bytes = u.bytes + ?,
-        failures = u.failures + ?, bans = u.bans + ?,
-        ended = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
-            THEN (SELECT now FROM t) ELSE u.ended END,
-        end_reason = CASE WHEN u.ended IS NULL AND EXISTS (SELECT 1 FROM cur)
-            THEN ? ELSE u.end_reason END
-    WHERE u.id = ? RETURNING u.requests
-),
-r AS (
-    SELECT cur.id, t.now,
-        CASE WHEN ? THEN cur.consecutive_bans + 1 ELSE 0 END AS streak,
-        CASE WHEN NOT (? OR COALESCE((SELECT requests FROM used), 0) > 0) THEN 0.0
-            WHEN ? THEN LEAST(?::float8 * power(2, cur.consecutive_bans), ?::float8) * ?
-            ELSE ?::float8 * ? END AS rest
-    FROM cur, t
-)"""
-
-# The release's last step: the proxy freed, resting or banned, its counts added.
-_RELEASE = """UPDATE hub_proxies p SET
-    state = CASE WHEN ? THEN 'banned' WHEN r.rest > 0 THEN 'resting' ELSE 'free' END,
-    holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = r.now + r.rest,
-    consecutive_bans = r.streak, total_uses = p.total_uses + ?, failures = p.failures + ?,
-    bans = p.bans + ?, stretch_uses = p.stretch_uses + ?, last_used = r.now
-FROM r WHERE p.id = r.id
-RETURNING p.id"""
-
-# Parameters: proxy id, lease id; counts (requests, bytes, failures, bans); reason;
-# usage row id; reason (banned?); rest seconds, ban rest seconds, ban rest cap, jitter
-# factor; counts (requests, failures, bans, requests).
-_PG_RELEASE = (
-    """
-WITH t AS (SELECT NOW() AS now, set_config('synchronous_commit', 'off', true)),
-"""
-    + _RELEASE_STEPS
-    + "\n"
-    + _RELEASE
-    + "\n"
-)
-
-
-# A rotation: release one lease and take the next in one statement (one round trip, one
-# commit instead of two). The release is the statement above, the lease the one before
-# it, which never picks the proxy being released. It commits synchronously, as taking a
-# lease does. Parameters: those of _PG_RELEASE, then the proxy released, then those of
-# _PG_ACQUIRE.
-#
-# The release runs first, forced by the pick's condition on it (an InitPlan, evaluated
-# before the pick's scan): left to the planner, the pick ran first, and a rotation that
-# held the next proxy's row while it waited for its own lease's row deadlocked with one
-# doing the same the other way round (a SKIP LOCKED pick keeps the lock of a row it
-# locked and then found leased after all). Waiting only before it holds anything, a
-# rotation is never part of a cycle.
-_PG_ROTATE = (
-    """
-WITH t AS (SELECT NOW() AS now),
-"""
-    + _RELEASE_STEPS
-    + """,
-released AS (
-"""
-    + _RELEASE
-    + """
-),
-"""
-    + _TAKE_STEPS.format(
-        first="(SELECT COUNT(*) FROM released) >= 0\n    AND ", besides=" AND p.id <> ?"
-    )
-    + """,
-taken AS (
-"""
-    + _TAKE
-    + """
-    RETURNING p.id, p.url, usage.id AS lease_id, usage.started
-)
-SELECT (SELECT COUNT(*) FROM released), taken.id, taken.url, taken.lease_id, taken.started
-FROM (SELECT 1) AS one LEFT JOIN taken ON TRUE
-"""
-)
 
 
 @dataclass(frozen=True)
@@ -462,13 +458,8 @@ class ProxyPool:
 
         *waited*: how long the holder has had requests waiting for a proxy (for stats)."""
         if self.hub.dialect.name == "postgresql":
-            rows = self.hub.query(
-                _PG_ACQUIRE, (holder.host, holder.pid, holder.task, waited, str(holder), ttl)
-            )
-            if not rows:
-                return None
-            proxy_id, url, lease_id, started = rows[0]
-            return Lease(lease_id, proxy_id, url, redact_url(url), started, started + ttl)
+            row = self.hub.query(_PG_ACQUIRE, (0, *_take_params(holder, ttl, waited)))[0]
+            return _taken(*row, ttl)
         return self._acquire_sqlite(holder, ttl, waited)
 
     def _acquire_sqlite(
@@ -600,34 +591,26 @@ class ProxyPool:
         if self.hub.dialect.name != "postgresql":
             released = self.release(lease, reason, counts, policy)
             return released, self._acquire_sqlite(holder, ttl, waited, lease.proxy_id)
-        params = self._release_params(lease, reason, counts, policy) + (
-            (lease.proxy_id, holder.host, holder.pid, holder.task, waited, str(holder), ttl)
-        )
-        released, proxy_id, url, lease_id, started = self.hub.query(_PG_ROTATE, params)[0]
-        if proxy_id is None:
-            return bool(released), None
-        return bool(released), Lease(
-            lease_id, proxy_id, url, redact_url(url), started, started + ttl
-        )
+        params = self._release_params(lease, reason, counts, policy)
+        params += _take_params(holder, ttl, waited)
+        released, *taken = self.hub.query(_PG_ROTATE, params)[0]
+        return bool(released), _taken(*taken, ttl)
 
     def _release_pg(
         self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy
     ) -> bool:
         params = self._release_params(lease, reason, counts, policy)
-        return bool(self.hub.query(_PG_RELEASE, params))
+        return bool(self.hub.query(_PG_RELEASE, params)[0][0])
 
     def _release_params(
         self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy
     ) -> tuple[Any, ...]:
-        banned = reason == "banned"
         factor = 1 + self._rng.uniform(-policy.jitter, policy.jitter)
         return (
             (lease.proxy_id, lease.lease_id)
             + (counts.requests, counts.bytes, counts.failures, counts.bans, reason)
-            + (lease.lease_id, banned, counts.requests > 0 or banned, banned)
-            + (policy.ban_rest_seconds, policy.ban_rest_max_seconds, factor)
-            + (max(policy.rest_seconds, 0.0), factor, banned)
-            + (counts.requests, counts.failures, counts.bans, counts.requests)
+            + (max(policy.rest_seconds, 0.0), policy.ban_rest_seconds)
+            + (policy.ban_rest_max_seconds, factor)
         )
 
     def release_many(
@@ -635,6 +618,19 @@ class ProxyPool:
     ) -> list[bool]:
         """:meth:`release` each (lease, reason, counts); one result per lease."""
         return [self.release(lease, reason, counts, policy) for lease, reason, counts in ends]
+
+
+def _take_params(holder: Holder, ttl: float, waited: float) -> tuple[Any, ...]:
+    return (holder.host, holder.pid, holder.task, waited, str(holder), ttl)
+
+
+def _taken(
+    proxy_id: int | None, url: str | None, lease_id: int, started: float, ttl: float
+) -> Lease | None:
+    """The lease hub_take returned (its fields NULL when no proxy was free)."""
+    if proxy_id is None or url is None:
+        return None
+    return Lease(lease_id, proxy_id, url, redact_url(url), started, started + ttl)
 
 
 def _used(tx: Transaction, lease: Lease) -> bool:
