@@ -393,6 +393,30 @@ def test_lease_churn_vacuums_the_dead_entries_every_pick_would_wade_through():
         drop()
 
 
+def test_a_failed_vacuum_never_fails_the_lease_operation_before_it(caplog):
+    """The vacuum runs after a lease operation has committed: losing the hub during it
+    (staged here, as it cannot be timed) must not turn that operation into a failure."""
+
+    def lost(*_):
+        raise HubUnavailableError("lost the connection to the hub")
+
+    url, drop = pg_schema_url()
+    try:
+        with Hub.open(url) as hub:
+            pool = ProxyPool(hub)
+            pool.vacuum_if_due = lost
+            pool.VACUUM_CHECK_EVERY = 1
+            pool.add(["http://127.0.0.1:3128", "http://127.0.0.1:3129"])
+            lease = pool.acquire(HOLDER, 60)
+            released, lease = pool.rotate(lease, "rotated", UsageCounts(1), NO_REST, HOLDER, 60)
+            assert released and lease is not None
+            assert pool.release(lease, "released", UsageCounts(1), NO_REST)
+    finally:
+        drop()
+    warnings = [r for r in caplog.records if "Could not vacuum" in r.getMessage()]
+    assert len(warnings) == 1 and "leasing goes on" in warnings[0].getMessage()
+
+
 # --- bad input ---------------------------------------------------------------------------
 def test_unreachable_postgres_is_a_clear_error():
     need_module("psycopg")

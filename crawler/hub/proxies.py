@@ -23,6 +23,7 @@ backends' forms.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Iterable
 from contextlib import suppress
@@ -36,6 +37,8 @@ from crawler.hub.redact import normalize_proxy_url, redact_url
 
 SCHEMA_VERSION = 4
 END_REASONS = ("rotated", "banned", "released", "expired")
+logger = logging.getLogger(__name__)
+
 _SCHEMA_LOCK = 7302519001  # serialises concurrent creators of these tables
 _VACUUM_LOCK = 7302519002  # one process at a time vacuums hub_proxies
 
@@ -369,6 +372,7 @@ class ProxyPool:
         self.hub = hub
         self._rng = rng or random.Random()
         self._operations = 0
+        self._vacuum_failed = False
         hub.migrate("hub_schema", _MIGRATIONS, _SCHEMA_LOCK)
 
     def schema_version(self) -> int:
@@ -628,8 +632,19 @@ class ProxyPool:
 
     def _count_operation(self) -> None:
         self._operations += 1
-        if self._operations % self.VACUUM_CHECK_EVERY == 0:
+        if self._operations % self.VACUUM_CHECK_EVERY:
+            return
+        try:
             self.vacuum_if_due()
+        except Exception as exc:  # upkeep: the lease operation before it has succeeded
+            if not self._vacuum_failed:
+                logger.warning(
+                    "Could not vacuum the proxy table of the hub %s (%s); leasing goes on, "
+                    "slower as dead index entries pile up until autovacuum comes",
+                    self.hub.label,
+                    exc,
+                )
+            self._vacuum_failed = True
 
     def vacuum_if_due(self) -> bool:
         """Vacuum the proxy table unless another process did in the last
