@@ -12,10 +12,11 @@ two live holders. A lease whose holder stopped renewing it expires and is taken 
 Releasing it lets the proxy rest (:class:`RestPolicy`) before anyone may lease it again.
 
 On PostgreSQL, taking, renewing (a whole heartbeat's leases at once) and releasing a
-lease are one statement each, and so is a rotation (releasing one lease and taking the
-next, :meth:`ProxyPool.rotate`), so that a hub serves thousands of them per second; the
-durability chosen for each is stated beside their SQL. SQLite runs the same steps as a
-few statements in one ``BEGIN IMMEDIATE`` transaction.
+lease are one call each (a statement, or a plpgsql function the schema creates), and so
+is a rotation (releasing one lease and taking the next, :meth:`ProxyPool.rotate`), so
+that a hub serves thousands of them per second; the durability chosen for each is
+stated beside their SQL. SQLite runs the same steps as a few statements in one ``BEGIN
+IMMEDIATE`` transaction.
 
 Longer than most modules here: every statement on the proxy tables lives in it, in both
 backends' forms.
@@ -609,8 +610,8 @@ class ProxyPool:
         waited: float = 0.0,
     ) -> tuple[bool, Lease | None]:
         """:meth:`release` *lease*, then :meth:`acquire` the next (never the same proxy):
-        (whether the release found the lease, the new lease or None). One statement on
-        PostgreSQL."""
+        (whether the release found the lease, the new lease or None). One call of
+        ``hub_rotate`` on PostgreSQL."""
         if reason not in END_REASONS:
             raise ValueError(f"release reason {reason!r} is not one of {END_REASONS}")
         if self.hub.dialect.name != "postgresql":
