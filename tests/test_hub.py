@@ -345,7 +345,7 @@ def test_a_rotation_waits_for_its_own_lease_before_it_holds_another_proxy():
 
 
 def _pick_buffers(hub: Hub) -> int:
-    """Index pages and rows a pick of the least recently used free proxy reads."""
+    """Buffers (index and table pages) a pick of the least recently used free proxy reads."""
     plan = hub.query(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT id FROM hub_proxies "
         "WHERE enabled = 1 AND state <> 'leased' ORDER BY COALESCE(last_used, 0), id LIMIT 1"
