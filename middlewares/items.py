@@ -16,7 +16,6 @@ recovery) are answered from the archive and parsed, so that they get their items
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 
 from scrapy import Request, signals
@@ -24,7 +23,7 @@ from scrapy.exceptions import NotConfigured
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.errors import StoreError
-from crawler.storage.items import ItemRow, PageItems, parsed_keys
+from crawler.storage.items import ItemRow, PageItems, parsed_at_now, parsed_keys
 from middlewares.archive import CACHED_FLAG, ArchiveMiddleware
 
 logger = logging.getLogger(__name__)
@@ -153,7 +152,7 @@ class ItemPagesMiddleware:
     def _maybe_send(self, page: _Page) -> None:
         if not page.exhausted or page.outstanding:
             return
-        parsed_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        parsed_at = parsed_at_now()
         items = PageItems(page.key, self.spider_name, page.rows, parsed_at, page.replace, page.log)
         try:
             self.session.page_items(items)

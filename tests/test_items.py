@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from datetime import datetime
 
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
@@ -53,6 +54,9 @@ async def test_items_of_every_kind_land_in_their_tables(site, tmp_path, data_dir
     }
     got = query(data_dir, "SELECT _key, _seq, _spider, url, title FROM page_item")
     assert sorted(got) == sorted((key_of[u], 0, "items", u, f"Page {u[-6]}") for u in urls)
+    # To the microsecond, so that a page parsed again within the second reads as newer.
+    for (when,) in query(data_dir, "SELECT _parsed_at FROM page_item"):
+        datetime.strptime(when, "%Y-%m-%dT%H:%M:%S.%fZ")
 
     # dict: the spider's table, nested values as JSON text.
     for _key, url, meta in query(data_dir, "SELECT _key, url, meta FROM items"):

@@ -31,7 +31,7 @@ from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
 from crawler.storage.formats.base import OPEN_SUFFIX
-from crawler.storage.items import ItemTableWriter, PageItems
+from crawler.storage.items import ItemTableWriter, PageItems, parsed_at_now
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +198,7 @@ class Reparser:
                         f"{type(item).__name__}, field {exc.field!r}, page {url}: {exc}",
                     )
                 )
-        parsed_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        parsed_at = parsed_at_now()
         return PageItems(key, self.spider.name, rows, parsed_at, replace=True)
 
     def _run_callback(self, response, key, url, items, stats, problems) -> bool:

@@ -20,6 +20,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from crawler.storage.catalog import Catalog
 
@@ -31,6 +32,9 @@ PAGE_LOG = "_page_log"
 FOLLOW_TABLE = "_follow_progress"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 TYPES = ("INTEGER", "REAL", "TEXT", "BLOB", "")
+# Fixed width to the microsecond: text order is time order, and two parses of a page
+# in the same second still tell which came last.
+PARSED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 PAGES_SQL = f"""
 CREATE TABLE IF NOT EXISTS {PAGES_TABLE} (
     _key TEXT NOT NULL,
@@ -86,6 +90,11 @@ def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[s
 
 class ItemValueError(ValueError):
     """An item field holds a value no column can store."""
+
+
+def parsed_at_now() -> str:
+    """The ``_parsed_at`` value of items parsed now (UTC, ISO 8601)."""
+    return datetime.now(UTC).strftime(PARSED_AT_FORMAT)
 
 
 @dataclass

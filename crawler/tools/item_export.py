@@ -2,7 +2,7 @@
 
 Parquet columns take their types from the table's declared SQLite types (INTEGER ->
 int64, REAL -> float64, TEXT -> string, BLOB -> binary), and ``_parsed_at`` is a UTC
-timestamp; columns without a declared type are strings. Lists and dicts stay JSON text.
+timestamp (microseconds); columns without a declared type are strings. Lists and dicts stay JSON text.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _arrow_type(decl: str, name: str):
     import pyarrow as pa
 
     if name == "_parsed_at":
-        return pa.timestamp("s", tz="UTC")
+        return pa.timestamp("us", tz="UTC")
     return {"INTEGER": pa.int64(), "REAL": pa.float64(), "BLOB": pa.binary()}.get(
         decl.upper(), pa.string()
     )
@@ -122,9 +122,8 @@ def _parquet(cur, cols, decls, tmp) -> int:
             arrays = [
                 pa.array([r[i] for r in rows], type=read.field(i).type) for i in range(len(cols))
             ]
-            arrays[when] = pc.strptime(arrays[when], "%Y-%m-%dT%H:%M:%SZ", "s").cast(
-                schema.field(when).type
-            )
+            # ISO 8601 with or without fractions (catalogs written before microseconds).
+            arrays[when] = pc.cast(arrays[when], schema.field(when).type)
             writer.write_table(pa.Table.from_arrays(arrays, schema=schema))
             n += len(rows)
         if n == 0:
