@@ -8,6 +8,10 @@ The rule (README: "Parsing, and parsing again"):
 - columns: the item's fields (ItemAdapter's names); a field's ``sqlite_type``
   metadata (``scrapy.Field(sqlite_type="REAL")``, ``field(metadata={...})``) or else
   its first value decides the column's type; lists and dicts are stored as JSON text;
+- reserved: the catalog's own tables (``artifacts``, ``totals``) and every name
+  starting with ``_`` or ``sqlite_`` are never an item table; nor can two fields of
+  one item differ only in case (SQLite's column names ignore case): such an item is
+  an ``item_error``, and the page and its other items are stored;
 - primary key: ``(_key, _seq)``, or the fields the class names in ``catalog_key``.
 
 Any item type ItemAdapter knows is accepted (scrapy.Item, dataclass, attrs, dict).
@@ -20,7 +24,7 @@ from functools import lru_cache
 
 from itemadapter import ItemAdapter
 
-from crawler.storage.items import TYPES, ItemRow, ItemValueError, column_value
+from crawler.storage.items import TYPES, ItemRow, ItemValueError, column_value, reserved_table
 
 TYPE_META = "sqlite_type"
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -33,6 +37,14 @@ class ItemFieldError(ValueError):
     def __init__(self, message: str, field: str | None = None):
         super().__init__(message)
         self.field = field
+
+    def describe(self, spider: str, item, url: str) -> str:
+        """The one line an ``item_error`` says: spider, item class, field, page."""
+        where = f"field {self.field!r}" if self.field else "item"
+        return (
+            f"item not stored: spider {spider!r}, item class {type(item).__name__}, "
+            f"{where}, page {url}: {self}"
+        )
 
 
 def snake_case(name: str) -> str:
@@ -69,9 +81,22 @@ def item_row(item, spider_name: str) -> ItemRow:
     """``item`` as a row; raises ItemFieldError naming the field that cannot be stored."""
     table, natural, types = _class_rule(type(item))
     table = table or spider_name
+    if reserved_table(table):
+        raise ItemFieldError(
+            f"table {table!r} is reserved for the catalog (its own tables, and names "
+            "starting with _ or sqlite_): name another with the class's catalog_table"
+        )
     adapter = ItemAdapter(item)
     values: dict[str, object] = {}
+    folded: dict[str, str] = {}
     for name, value in adapter.items():
+        twin = folded.setdefault(name.lower(), name)
+        if twin != name:
+            raise ItemFieldError(
+                f"fields {twin!r} and {name!r} differ only in case, and one column "
+                "holds both (SQLite's column names ignore case): rename one",
+                name,
+            )
         if not _NAME.match(name) or name.startswith("_"):
             raise ItemFieldError(
                 f"field name {name!r} is not a column name (letters, digits, _; "

@@ -66,12 +66,7 @@ class CatalogPipeline:
         return item
 
     def _bad_item(self, item, page, exc: ItemFieldError) -> None:
-        cls = type(item).__name__
-        where = f"field {exc.field!r}" if exc.field else "item"
-        message = (
-            f"item not stored: spider {self.spider_name!r}, item class {cls}, {where}, "
-            f"page {page.url}: {exc}"
-        )
+        message = exc.describe(self.spider_name, item, page.url)
         logger.error("%s", message)
         self.stats.inc_value("items/errors")
         self.pages.log_item_error(page, message)

@@ -75,3 +75,90 @@ class ItemsSpider(scrapy.Spider):
         for position, href in enumerate(response.css("a::attr(href)").getall()):
             yield LinkOut(response.url, response.urljoin(href), position, [href])
         yield ByUrl(url=response.url, size=len(response.body))
+
+
+# Items whose tables would be the catalog's own (``ShapesSpider``, shape "reserved").
+@dataclass
+class Artifacts:
+    url: str
+
+
+@dataclass
+class Totals:
+    url: str
+
+
+@dataclass
+class SqliteMaster:
+    url: str
+
+
+@dataclass
+class CatalogTableArtifacts:
+    catalog_table = "artifacts"
+    url: str
+
+
+@dataclass
+class PageLogItem:
+    catalog_table = "_page_log"
+    url: str
+
+
+@dataclass
+class SequenceItem:
+    catalog_table = "sqlite_sequence"
+    url: str
+
+
+RESERVED_ITEMS = (Artifacts, Totals, SqliteMaster, CatalogTableArtifacts, PageLogItem, SequenceItem)
+
+
+class ShapesSpider(scrapy.Spider):
+    """Items of awkward shapes, one set per ``-a shape=``, and a PageItem per page:
+
+    - ``reserved``: one item of each class in RESERVED_ITEMS;
+    - ``case``: a dict with fields ``title`` and ``Title``;
+    - ``floats``: dicts holding NaN, Infinity and bytes, bare and in lists.
+    """
+
+    name = "shapes"
+
+    def __init__(self, urls: str, shape: str = "reserved", **kwargs):
+        super().__init__(**kwargs)
+        self.url_list = UrlList(urls)
+        self.shape = shape
+
+    async def start(self):
+        for _number, url, problem in self.url_list:
+            if not problem:
+                yield scrapy.Request(url)
+
+    def parse(self, response):
+        title = response.css("title::text").get()
+        yield PageItem(url=response.url, title=title, words=len(response.text.split()))
+        yield from getattr(self, f"shape_{self.shape}")(response.url, title)
+
+    def shape_reserved(self, url, title):
+        for cls in RESERVED_ITEMS:
+            yield cls(url)
+        yield {"url": url, "ok": 1}
+
+    def shape_case(self, url, title):
+        yield {"url": url, "title": title, "Title": title.upper()}
+
+    def shape_plain(self, url, title):
+        yield {"url": url, "title": title}
+
+    def shape_floats(self, url, title):
+        yield {"url": url, "nan": float("nan"), "inf": float("inf"), "blob": url.encode()}
+        yield {"url": url, "nan": [float("nan")], "inf": [float("-inf")], "blob": None}
+
+
+class ArtifactsSpider(ShapesSpider):
+    """A spider whose plain dicts would go to the catalog's table ``artifacts``."""
+
+    name = "artifacts"
+
+    def shape_reserved(self, url, title):
+        yield {"url": url, "title": title}

@@ -191,13 +191,7 @@ class Reparser:
                 rows.append(item_row(item, self.spider.name))
             except ItemFieldError as exc:
                 stats["reparse/errors/item"] += 1
-                problems.append(
-                    Problem(
-                        "item",
-                        f"item not stored: spider {self.spider.name!r}, item class "
-                        f"{type(item).__name__}, field {exc.field!r}, page {url}: {exc}",
-                    )
-                )
+                problems.append(Problem("item", exc.describe(self.spider.name, item, url)))
         parsed_at = parsed_at_now()
         return PageItems(key, self.spider.name, rows, parsed_at, replace=True)
 

@@ -31,6 +31,10 @@ PAGES_TABLE = "_item_pages"
 PAGE_LOG = "_page_log"
 FOLLOW_TABLE = "_follow_progress"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
+# The catalog's own tables (crawler/storage/catalog.py), never an item table; nor is
+# any name starting with "_" (this module's tables) or "sqlite_" (SQLite's).
+CATALOG_TABLES = frozenset({"artifacts", "totals", "artifacts_rowid"})
+RESERVED_PREFIXES = ("_", "sqlite_")
 TYPES = ("INTEGER", "REAL", "TEXT", "BLOB", "")
 # Fixed width to the microsecond: text order is time order, and two parses of a page
 # in the same second still tell which came last.
@@ -160,6 +164,13 @@ class PageItems:
     def from_wire(cls, wire: tuple) -> PageItems:
         key, spider, runs, parsed_at, replace, log = wire
         return cls(key, spider, [], parsed_at, replace, log, runs)
+
+
+def reserved_table(name: str) -> bool:
+    """Whether ``name`` is one of the catalog database's own tables (SQLite's table
+    names ignore case)."""
+    folded = name.lower()
+    return folded in CATALOG_TABLES or folded.startswith(RESERVED_PREFIXES)
 
 
 def quote(name: str) -> str:
