@@ -1,45 +1,15 @@
-"""Waiting for events instead of the clock.
-
-A test that must act "while the crawl runs" or "once rows are committed" waits for that
-event here. Each wait has a generous bound that only decides when the test gives up
-(and fails, saying what it waited for); it never decides a pass.
-"""
+"""What the tests wait for: rows committed, a line in a log (the waiting itself is
+tests/polling.py's)."""
 
 from __future__ import annotations
 
 import sqlite3
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-T = TypeVar("T")
+from tests.polling import BOUND_SECONDS, wait_until
 
-BOUND_SECONDS = 120.0
-
-
-def wait_until(
-    check: Callable[[], T],
-    what: str,
-    timeout: float = BOUND_SECONDS,
-    proc: subprocess.Popen | None = None,
-    step: float = 0.05,
-) -> T:
-    """Poll ``check`` until it returns something true, and return that.
-
-    With ``proc``, fail at once if that process exits first (the event will not come).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        found = check()
-        if found:
-            return found
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"waiting for {what}: the process exited ({proc.returncode})")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"waiting for {what}: not within {timeout:.0f} s")
-        time.sleep(step)
+__all__ = ["committed_rows", "log_text", "wait_for_log", "wait_until"]
 
 
 def committed_rows(data_dir: Path) -> int:

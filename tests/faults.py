@@ -1,12 +1,13 @@
 """Helpers of the fault tests: the processes of a crawl, and waiting for committed rows
-(the waiting itself is tests/events.py's)."""
+(the waiting itself is tests/polling.py's)."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 from tests.events import committed_rows
-from tests.events import wait_until as wait_for
+from tests.polling import wait_until
 
 WRITER_MODULE = "crawler.storage.writer.server"
 
@@ -28,16 +29,17 @@ def cmdline(pid: int) -> str:
 
 def writer_pid(crawl_pid: int) -> int:
     """The archive writer process the crawl ``crawl_pid`` started."""
-    pid = wait_for(
+    pid = wait_until(
         lambda: next((p for p in children(crawl_pid) if WRITER_MODULE in cmdline(p)), None),
         f"the writer process of crawl {crawl_pid}",
     )
     return pid
 
 
-def wait_for_rows(data_dir: Path, target: int, proc) -> None:
-    """Wait until ``target`` rows are committed, or ``proc`` has exited."""
-    wait_for(
-        lambda: committed_rows(data_dir) >= target or proc.poll() is not None,
-        f"{target} rows committed",
+def wait_for_rows(data_dir: Path, target: int, proc: subprocess.Popen) -> int:
+    """Wait until ``target`` rows are committed; fail if ``proc`` exits first."""
+    return wait_until(
+        lambda: (n := committed_rows(data_dir)) >= target and n,
+        f"{target} rows committed in {data_dir}",
+        proc=proc,
     )

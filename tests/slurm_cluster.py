@@ -17,7 +17,6 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -25,6 +24,7 @@ import pytest
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from tests.polling import WaitError, wait_until
 from tests.servers import free_port, need
 
 PACKAGES = ["slurmctld", "slurmd", "slurm-client", "munge"]
@@ -59,12 +59,11 @@ def install() -> None:
 
 
 def _wait(check, timeout: float, what: str, step: float = 0.3) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(step)
-    need(f"Slurm test cluster: {what} not ready within {timeout:.0f} s")
+    """Wait for a part of the test cluster; one that does not come up skips the tests."""
+    try:
+        wait_until(check, what, timeout, step=step)
+    except WaitError:
+        need(f"Slurm test cluster: {what} not ready within {timeout:.0f} s")
 
 
 def _munge_ok() -> bool:
@@ -178,21 +177,15 @@ class SlurmCluster:
         """Wait until no task of ``job`` is pending or running; returns the states."""
         active = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED",
                   "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT"}  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def finished() -> list[str]:
             states = self.job_states(job)
-            if states and not active.intersection(states):
-                return states
-            time.sleep(1)
-        raise AssertionError(f"job {job} not done within {timeout:.0f} s: {self.job_states(job)}")
+            return states if states and not active.intersection(states) else []
+
+        return wait_until(finished, f"job {job} done", timeout, step=1)
 
     def wait_state(self, job: str, state: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if state in self.job_states(job):
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"job {job} never {state} in {timeout:.0f} s: {self.job_states(job)}")
+        wait_until(lambda: state in self.job_states(job), f"job {job} {state}", timeout, step=0.5)
 
     def kill_task(self, array: str, task: int = 0) -> int:
         """SIGKILL every process of an array task at once, as a node crash or the OOM
@@ -244,15 +237,6 @@ def slurm_cluster(tmp_path_factory):
 
 
 # -- what the Slurm tests check --------------------------------------------------------
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
 def slow_urls(site, first: int, n: int, ms: int) -> list[str]:

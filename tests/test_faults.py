@@ -24,8 +24,9 @@ from tests.conftest import (
     start_crawl,
     write_urls,
 )
-from tests.faults import committed_rows, wait_for, wait_for_rows, writer_pid
+from tests.faults import committed_rows, wait_for_rows, writer_pid
 from tests.faultserver import RawServer
+from tests.polling import wait_until
 from tests.servers import need
 
 SLOW_PAGE = "/slow/987654"
@@ -57,7 +58,7 @@ def test_a_writer_killed_while_the_crawl_waits_on_a_slow_url_fails_the_crawl(
         )
     try:
         writer = writer_pid(proc.pid)
-        wait_for(
+        wait_until(
             lambda: (
                 site.counts[SLOW_PAGE] > before
                 and log.read_text().count("Crawled (200)") >= len(pages) + 1
@@ -94,7 +95,7 @@ def test_the_next_run_waits_for_the_writer_a_killed_crawl_left_behind(site, tmp_
     second = None
     writer = writer_pid(first.pid)
     try:
-        wait_for(lambda: committed_rows(data_dir) >= 20, "20 rows committed", proc=first)
+        wait_until(lambda: committed_rows(data_dir) >= 20, "20 rows committed", proc=first)
         # The old writer is slowed down (a slow disk) and its crawl killed alone.
         os.kill(writer, signal.SIGSTOP)
         os.kill(first.pid, signal.SIGKILL)
@@ -103,7 +104,9 @@ def test_the_next_run_waits_for_the_writer_a_killed_crawl_left_behind(site, tmp_
         assert unfinished
         log = tmp_path / "second.log"
         second = start_crawl(url_file, data_dir, *args, log_path=log)
-        wait_for(lambda: "Waiting for the archive writer" in log.read_text(), "a wait", proc=second)
+        wait_until(
+            lambda: "Waiting for the archive writer" in log.read_text(), "a wait", proc=second
+        )
         assert f"pid {writer}" in log.read_text()
         assert "Repaired" not in log.read_text()
         assert DataDir(data_dir).open_archives() == unfinished  # untouched

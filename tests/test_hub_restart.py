@@ -12,7 +12,6 @@ import sqlite3
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from datetime import datetime
 
 import pytest
@@ -21,6 +20,7 @@ from crawler.hub import Hub, ProxyPool
 from tests.checks import response_records
 from tests.conftest import ROOT, crawl_command, crawl_env, start_crawl, write_urls
 from tests.pg_cluster import PgCluster
+from tests.polling import wait_until
 from tests.proxy_servers import TinyProxy
 from tests.servers import free_port, need
 
@@ -66,13 +66,6 @@ def proxies(tmp_path):
             proxy.stop()
 
 
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"gave up waiting for {what}"
-        time.sleep(0.05)
-
-
 def forwarded(proxy: TinyProxy) -> list[float]:
     """When the proxy received each request, by its own log (this machine's local time)."""
     times = []
@@ -99,11 +92,16 @@ def test_crawl_waits_for_a_restarted_hub_and_never_uses_an_unproved_lease(
         log_path=log_path,
     )
     try:
-        wait_for("the crawl to be under way", lambda: sum(
-            len(p.requests_logged()) for p in proxies) >= PAGES // 5)  # fmt: skip
+        wait_until(
+            lambda: sum(len(p.requests_logged()) for p in proxies) >= PAGES // 5,
+            "the crawl to be under way",
+            proc=crawl,
+        )
         cluster.stop()
         stopped = time.time()
-        wait_for("the crawl to notice", lambda: "Lost the hub" in log_path.read_text())
+        wait_until(
+            lambda: "Lost the hub" in log_path.read_text(), "the crawl to notice", proc=crawl
+        )
         time.sleep(max(stopped + OUTAGE - time.time(), 0))  # shapes the outage; asserts nothing
         restarted = time.time()
         cluster.start()

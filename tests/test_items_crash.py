@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from collections import Counter
 from urllib.parse import urlsplit
 
@@ -15,6 +14,7 @@ import pytest
 
 from tests.checks import catalog_rows
 from tests.conftest import ROOT, crawl_command, crawl_env, kill_group, run_crawl, write_urls
+from tests.faults import wait_for_rows
 
 PAGES = 200
 ARGS = (
@@ -40,28 +40,6 @@ def start(url_file, data_dir, log_path) -> subprocess.Popen:
             env=crawl_env(),
             start_new_session=True,
         )
-
-
-def committed_rows(data_dir) -> int:
-    path = data_dir / "metadata.db"
-    if not path.exists():
-        return 0
-    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as conn:
-        try:
-            return conn.execute("SELECT count(*) FROM artifacts").fetchone()[0]
-        except sqlite3.OperationalError:  # not created yet
-            return 0
-
-
-def wait_for_rows(proc, data_dir, n: int, timeout: float = 120) -> int:
-    """Wait until ``n`` rows are committed (the crawl's own progress, not a clock)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        have = committed_rows(data_dir)
-        if have >= n or proc.poll() is not None:
-            return have
-        time.sleep(0.02)
-    raise AssertionError(f"{n} rows were not committed within {timeout} s")
 
 
 def item_keys(data_dir) -> dict[str, Counter]:
@@ -106,7 +84,7 @@ def test_kill_minus_9_of_the_whole_tree_then_resume(site, url_file, tmp_path, da
     seen = []
     for attempt, rows in enumerate((15, 70, 130)):
         proc = start(url_file, data_dir, tmp_path / f"crawl{attempt}.log")
-        seen.append(wait_for_rows(proc, data_dir, rows))
+        seen.append(wait_for_rows(data_dir, rows, proc))
         kill_group(proc, signal.SIGKILL)
         assert_pages_have_exactly_their_items(site, data_dir)
     assert any(0 < n < PAGES for n in seen), seen
@@ -118,7 +96,7 @@ def test_kill_minus_9_of_the_crawl_alone_then_the_next_run_at_once(
 ):
     for attempt, rows in enumerate((20, 90)):
         proc = start(url_file, data_dir, tmp_path / f"crawl{attempt}.log")
-        wait_for_rows(proc, data_dir, rows)
+        wait_for_rows(data_dir, rows, proc)
         os.kill(proc.pid, signal.SIGKILL)  # the writer process lives on, and ends
         proc.wait(timeout=60)
     finish(site, url_file, data_dir)

@@ -7,12 +7,12 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 
 from crawler.reparse.follow import unseen
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.conftest import ROOT, crawl_env, kill_group, start_crawl, write_urls
+from tests.polling import wait_until
 
 PAGES = 150
 MODULES = ("-s", "SPIDER_MODULES=spiders,tests.item_spiders")
@@ -44,14 +44,6 @@ def followed(data_dir) -> int:
         return row[0] if row else 0
 
 
-def wait_until(predicate, what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/slow/{n}?ms=40" for n in range(PAGES)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
@@ -70,7 +62,9 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
     try:
         for attempt, pages in enumerate((10, 60)):
             proc = follower(data_dir, tmp_path / f"follow{attempt}.log")
-            wait_until(lambda p=pages: followed(data_dir) >= p, f"{pages} pages followed")
+            wait_until(
+                lambda p=pages: followed(data_dir) >= p, f"{pages} pages followed", proc=proc
+            )
             kill_group(proc, signal.SIGKILL)
             at_kill.append(followed(data_dir))
         # SIGTERM: it finishes the batch in hand and exits cleanly.
@@ -78,10 +72,11 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
         proc = follower(data_dir, term_log, "-s", "LOG_LEVEL=INFO")
         # Its handler is installed once it says where it starts (a loaded machine may
         # have let the crawl and the follower before it finish every page).
-        wait_until(lambda: "Following" in term_log.read_text(), "the follower to start")
+        wait_until(lambda: "Following" in term_log.read_text(), "the follower to start", proc=proc)
         wait_until(
             lambda: followed(data_dir) > at_kill[-1] or followed(data_dir) == PAGES,
             "more pages followed",
+            proc=proc,
         )
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=120) == 0, (tmp_path / "follow-term.log").read_text()[-3000:]
@@ -154,7 +149,9 @@ def test_follow_over_a_slurm_data_dir_parses_every_shipped_page_once(site, tmp_p
     try:
         for attempt, wanted in enumerate((10, 50)):
             proc = follower(data, tmp_path / f"follow{attempt}.log")
-            wait_until(lambda w=wanted: shipped_followed(data) >= w, f"{wanted} pages followed")
+            wait_until(
+                lambda w=wanted: shipped_followed(data) >= w, f"{wanted} pages followed", proc=proc
+            )
             kill_group(proc, signal.SIGKILL)
             at_kill.append(shipped_followed(data))
         last = follower(data, tmp_path / "follow-last.log", "--until-idle", "8")

@@ -10,7 +10,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from crawler.hub import Hub, ProxyPool, WorkQueue, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
+from tests.polling import wait_until
 from tests.proxy_servers import proxy_pool  # noqa: F401
 from tests.servers import need
 
@@ -423,15 +423,17 @@ def test_watch_rewrites_until_interrupted(tmp_path, site, signum):
         text=True,
     )
     try:
-        first = wait_for(lambda: output.exists() and output.stat().st_mtime_ns, watcher)
-        wait_for(lambda: output.stat().st_mtime_ns != first, watcher)
+        first = wait_until(
+            lambda: output.exists() and output.stat().st_mtime_ns, "a report", proc=watcher
+        )
+        wait_until(lambda: output.stat().st_mtime_ns != first, "a rewrite", proc=watcher)
         # What the log gains while it is watched shows in a later rewrite.
         log = data_dir / "fetch_log.jsonl"
         lines = log.read_text().splitlines()
         with log.open("a") as out:
             out.write("\n".join(lines) + "\n")
         shown = f'data-stat="log:lines" data-value="{2 * len(lines)}"'
-        wait_for(lambda: shown in output.read_text(), watcher)
+        wait_until(lambda: shown in output.read_text(), "the longer log shown", proc=watcher)
         watcher.send_signal(signum)
         _, stderr = watcher.communicate(timeout=60)
     finally:
@@ -441,15 +443,3 @@ def test_watch_rewrites_until_interrupted(tmp_path, site, signum):
     assert watcher.returncode == 0, stderr[-3000:]
     assert "</html>" in output.read_text()
     assert [p.name for p in output.parent.iterdir()] == ["report.html"], "no temporary left"
-
-
-def wait_for(condition, process: subprocess.Popen, limit: float = 120.0):
-    """Poll *condition* until it is true; fail if *process* exits or *limit* passes."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        assert process.poll() is None, process.communicate()[1][-3000:]
-        time.sleep(0.05)
-    raise AssertionError("the report was not (re)written")

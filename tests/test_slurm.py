@@ -16,13 +16,13 @@ from urllib.parse import urlsplit
 from crawler.storage.catalog import Catalog
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import ROOT, write_urls
+from tests.polling import wait_until
 from tests.slurm_cluster import (  # noqa: F401 - slurm_cluster: the session fixture
     fetched,
     logs,
     shipped_rows,
     slow_urls,
     slurm_cluster,
-    wait_for,
 )
 
 SCRAPY_ARGS = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"]
@@ -76,11 +76,11 @@ def test_usr1_stops_ships_and_requeues_itself(slurm_cluster, site, tmp_path):  #
     try:
         array, merge = submit(slurm_cluster, write_urls(tmp_path / "urls.txt", urls), data, 1,
                               tmp_path)  # fmt: skip
-        wait_for(lambda: site.counts["/hold/page/380.html"], 90, "the held request")
+        wait_until(lambda: site.counts["/hold/page/380.html"], "the held request", 90)
         done = slurm_cluster.run(["scancel", "--signal=USR1", "--batch", f"{array}_0"])
         assert done.returncode == 0, done.stderr
         crawl_log = data / "logs" / f"{array}_0_r0_p0.log"
-        wait_for(lambda: "Received SIGTERM" in crawl_log.read_text(), 90, "the crawl to stop")
+        wait_until(lambda: "Received SIGTERM" in crawl_log.read_text(), "the crawl to stop", 90)
     finally:
         site.release()
     states = slurm_cluster.wait_done(f"{array}_0", timeout=150)
@@ -105,7 +105,7 @@ def test_kill_then_resubmit_loses_nothing_shipped(slurm_cluster, site, tmp_path)
     site.hold()
     try:
         array, merge = submit(slurm_cluster, url_file, data, 1, tmp_path)
-        wait_for(lambda: len(shipped_rows(data)) >= 5, 90, "a first shipment")
+        wait_until(lambda: len(shipped_rows(data)) >= 5, "a first shipment", 90)
         # Hard kill: every process at once, nothing shipped on the way out. Then the
         # same through Slurm, which ends the job.
         assert slurm_cluster.kill_task(array, 0) >= 3  # batch script, task runner, crawl...

@@ -21,13 +21,13 @@ from crawler.hub import Hub, WorkQueue
 from tests.checks import assert_rows_readable, rows_by_url
 from tests.conftest import ROOT, write_urls
 from tests.hubs import pg_schema_url
+from tests.polling import wait_until
 from tests.slurm_cluster import (  # noqa: F401 - slurm_cluster: the session fixture
     fetched,
     logs,
     shipped_rows,
     slow_urls,
     slurm_cluster,
-    wait_for,
 )
 
 FAST = ["-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=4"]
@@ -130,7 +130,7 @@ def test_killed_tasks_batch_is_taken_over_after_its_lease(
     ttl = 8
     array, merge = submit_queue(slurm_cluster, url_file, data, tmp_path, hub_url, "kill",
                                 ONE_AT_A_TIME, batch=3, ttl=ttl)  # fmt: skip
-    wait_for(lambda: live_batch_started(hub_url, array, site), 90, "a second batch to start")
+    wait_until(lambda: live_batch_started(hub_url, array, site), "a second batch to start", 90)
     # Hard kill, mid-batch: nothing is shipped or given back on the way out.
     assert slurm_cluster.kill_task(array, 0) >= 3
     slurm_cluster.run(["scancel", "--signal=KILL", "--full", f"{array}_0"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,6 +17,7 @@ from crawler.hub.workqueue import (
     list_lines,
 )
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
+from tests.polling import wait_until
 
 URLS = [f"http://example.org/{n}" for n in range(25)]
 
@@ -97,15 +97,6 @@ def test_given_back_items_behind_newer_leases_are_leased_again(queue):
         assert queue.done(batch)
     assert sorted(taken) == sorted(set(URLS) - set(b.urls)), "each leased once, none lost"
     assert queue.done(b) and queue.progress().finished
-
-
-def wait_until(predicate, what: str) -> None:
-    """Poll until *predicate* holds (bounded: a hub that never gets there fails the test)."""
-    for _ in range(1200):
-        if predicate():
-            return
-        time.sleep(0.05)
-    pytest.fail(f"gave up waiting for {what}")
 
 
 def test_expired_batch_is_taken_over_whole(queue):
