@@ -15,7 +15,7 @@ from scrapy.exceptions import UsageError
 from scrapy.settings import SETTINGS_PRIORITIES
 
 from crawler.hub import Hub
-from crawler.hub.admin import hub_url_from
+from crawler.hub.db import hub_url
 from crawler.hub.jobs import JobStore
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class JobAddon:
         name = settings.get("JOB") or os.environ.get("HUB_JOB")
         if not name:
             return
-        url = hub_url_from(settings.get("HUB_URL"))
+        url = hub_url(settings, required=True)
         with Hub.open(url, settings.getfloat("HUB_CONNECT_TIMEOUT", 10.0)) as hub:
             job = JobStore(hub).get(name)
             label = hub.label

@@ -16,13 +16,13 @@ records), 2 for bad arguments.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.hub import db as hub_db
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
 
@@ -175,7 +175,7 @@ class Command(ScrapyCommand):
         if opts.watch is not None and opts.watch <= 0:
             raise UsageError("--watch takes the seconds between rewrites, more than 0")
         output = Path(opts.output or "report.html")
-        hub_url = self.settings.get("HUB_URL") or os.environ.get("HUB_URL")
+        hub_url = hub_db.hub_url(self.settings)
         shown = report.report_settings(self.settings.copy_to_dict().items(), hub_url)
         builder = report.ReportBuilder(self.data_dir, hub_url, shown)
         try:

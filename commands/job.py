@@ -9,7 +9,8 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.hub import Hub, HubError
-from crawler.hub.admin import JobAdmin, hub_url_from
+from crawler.hub.admin import JobAdmin
+from crawler.hub.db import hub_url
 from crawler.hub.jobs import parse_assignments
 
 ACTIONS = ("create", "set", "list", "show")
@@ -55,7 +56,7 @@ class Command(ScrapyCommand):
             raise UsageError("`job create NAME` needs --spider SPIDER")
         assert self.settings is not None
         try:
-            with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
+            with Hub.open(hub_url(self.settings, required=True)) as hub:
                 admin = JobAdmin(hub)
                 if action == "create":
                     given = parse_assignments(opts.set or [], "-s ")

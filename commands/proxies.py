@@ -9,7 +9,8 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.hub import Hub, HubError, ProxyPool
-from crawler.hub.admin import ProxyAdmin, hub_url_from
+from crawler.hub.admin import ProxyAdmin
+from crawler.hub.db import hub_url
 
 ACTIONS = ("add", "import", "list", "disable", "enable", "stats")
 
@@ -46,7 +47,7 @@ class Command(ScrapyCommand):
             )
         assert self.settings is not None
         try:
-            with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
+            with Hub.open(hub_url(self.settings, required=True)) as hub:
                 print(self._dispatch(ProxyAdmin(ProxyPool(hub)), action, rest))
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)

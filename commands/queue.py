@@ -9,7 +9,8 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.hub import Hub, HubError
-from crawler.hub.admin import QueueAdmin, hub_url_from
+from crawler.hub.admin import QueueAdmin
+from crawler.hub.db import hub_url
 
 ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
 
@@ -46,7 +47,7 @@ class Command(ScrapyCommand):
             raise UsageError(f"`queue {action}` takes {ARGUMENTS[action]} argument(s)")
         assert self.settings is not None
         try:
-            with Hub.open(hub_url_from(self.settings.get("HUB_URL"))) as hub:
+            with Hub.open(hub_url(self.settings, required=True)) as hub:
                 admin = QueueAdmin(hub)
                 if action == "load":
                     print(admin.load(*rest))

@@ -19,7 +19,7 @@ from twisted.internet.task import LoopingCall
 from twisted.internet.threads import deferToThread
 
 from crawler.hub import Hub, HubError
-from crawler.hub.admin import hub_url_from
+from crawler.hub.db import hub_url
 from crawler.hub.jobs import Job, JobStore
 from middlewares.proxy_lease import ProxyLeaseMiddleware
 
@@ -51,7 +51,7 @@ class JobSettingsExtension:
         self.crawler = crawler
         self.interval = settings.getfloat("JOB_REFRESH_SECONDS", 60.0)
         self.version = settings.getint("JOB_VERSION")
-        self.url = hub_url_from(settings.get("HUB_URL"))
+        self.url = hub_url(settings, required=True)
         self.current = {key: settings.get(key) for key in LIVE_SETTINGS}
         self.pinned = {
             key

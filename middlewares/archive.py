@@ -29,7 +29,6 @@ storing and skipping are one component's two sides of the same request.)
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from scrapy import Request, signals
@@ -39,9 +38,11 @@ from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from twisted.internet import task
 
 from crawler import signals as crawler_signals
+from crawler.hub.db import hub_url
 from crawler.reparse.responses import build_response
 from crawler.runsettings import crawl_settings
 from crawler.signals import attempt_fields
+from crawler.storage.actionlog import OUTCOMES
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.keys import request_key
 from crawler.storage.records import ORIG_PREFIX, Fetch, Headers, Hop
@@ -163,8 +164,9 @@ class ArchiveMiddleware:
         self.session = StorageSession(self.config)
         # What runs.jsonl records of this run, as plain text: the storage core takes
         # no Scrapy settings.
-        hub_url = crawler.settings.get("HUB_URL") or os.environ.get("HUB_URL")
-        self.run_settings = crawl_settings(crawler.settings.copy_to_dict().items(), hub_url)
+        self.run_settings = crawl_settings(
+            crawler.settings.copy_to_dict().items(), hub_url(crawler.settings)
+        )
         # Started now, so that it loads while Scrapy starts up; it opens the store in
         # spider_opened, once the data directory is recovered.
         self.session.start_writer()
@@ -224,10 +226,7 @@ class ArchiveMiddleware:
 
     def _outcomes(self) -> str:
         get = self.stats.get_value
-        counts = ", ".join(
-            f"{get(f'actions/{outcome}', 0):,} {outcome}"
-            for outcome in ("ok", "cache_hit", "not_modified", "error")
-        )
+        counts = ", ".join(f"{get(f'actions/{outcome}', 0):,} {outcome}" for outcome in OUTCOMES)
         total = get("progress/list_total")
         done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
         return f"Outcomes of this run: {counts}; listed URLs done: {done}."

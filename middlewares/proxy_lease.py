@@ -21,7 +21,6 @@ events as stats and log lines.
 from __future__ import annotations
 
 import logging
-import os
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from time import monotonic
@@ -45,6 +44,7 @@ from twisted.python.threadpool import ThreadPool
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
 from crawler.hub import Holder, Hub, HubUnavailableError, InvalidHubURLError, ProxyPool, RestPolicy
+from crawler.hub.db import hub_url
 from crawler.hub.leases import (
     Finished,
     LeaseConfig,
@@ -154,11 +154,10 @@ class ProxyLeaseConfig:
         cls, settings: BaseSettings, environ: dict[str, str] | None = None
     ) -> ProxyLeaseConfig:
         """Read the settings; NotConfigured when no hub is set or PROXY_ENABLED is off."""
-        env = os.environ if environ is None else environ
         if not settings.getbool("PROXY_ENABLED", True):
             raise NotConfigured("PROXY_ENABLED is False: the crawl goes direct")
-        hub_url = settings.get("HUB_URL") or env.get("HUB_URL")
-        if not hub_url:
+        url = hub_url(settings, environ)
+        if not url:
             raise NotConfigured("HUB_URL is not set: no proxy leases, the crawl goes direct")
         defaults = {f.name: f.default for f in fields(cls) if f.name != "hub_url"}
         values: dict[str, Any] = {}
@@ -180,7 +179,7 @@ class ProxyLeaseConfig:
                 f"PROXY_BAN_STATUSES={values['ban_statuses']!r} must be HTTP status numbers"
             ) from None
         values["ban_body_markers"] = tuple(str(m) for m in values["ban_body_markers"] if m)
-        config = cls(hub_url=hub_url, **values)
+        config = cls(hub_url=url, **values)
         config.check()
         return config
 

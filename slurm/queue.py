@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import subprocess
 import time
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
+from crawler.hub.db import hub_url
 from crawler.hub.workqueue import item_key
 from crawler.storage.datadir import DataDir
 from slurm.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_INTERRUPTED, TaskConfig, TaskRunner
@@ -178,11 +178,11 @@ class QueueTaskRunner(TaskRunner):
 
 
 def run_queue(config: TaskConfig) -> int:
-    hub_url = os.environ.get("HUB_URL", "")
-    if not hub_url:
+    url = hub_url({})  # a task has no Scrapy settings: the environment's
+    if not url:
         logger.error("--queue needs HUB_URL (postgresql://...) in the environment")
         return EXIT_FAILED
-    with Hub.open(hub_url) as hub:
+    with Hub.open(url) as hub:
         queue = WorkQueue(hub, config.queue, create=False)
         logger.info("Queue %s in %s: %s", queue.name, hub.label, queue.progress().line())
         status = QueueTaskRunner(config, queue, Holder.current()).run()

@@ -227,3 +227,50 @@ def test_a_version_3_catalog_becomes_a_rowid_table_with_its_rows_and_totals(tmp_
         assert catalog.count() == 3
         assert catalog.summary() == scanned(catalog)
         assert catalog.summary()["by_status"] == {200: 2, 410: 1}
+
+
+def catalog_of_version(path, version: int, rows: list[Row]) -> None:
+    """A catalog as the code of schema ``version`` made it, holding ``rows`` (the
+    columns that schema has)."""
+    from crawler.storage.catalog import MIGRATIONS, statements
+
+    conn = sqlite3.connect(path, isolation_level=None)
+    for number in range(1, version + 1):
+        for stmt in statements(MIGRATIONS[number]):
+            conn.execute(stmt)
+    conn.execute(f"PRAGMA user_version = {version}")
+    columns = [r[1] for r in conn.execute("PRAGMA table_info(artifacts)")]
+    names = ", ".join(f'"{c}"' for c in columns)
+    for r in rows:
+        values = [getattr(r, c) for c in columns]
+        conn.execute(
+            f"INSERT INTO artifacts ({names}) VALUES ({', '.join('?' * len(columns))})", values
+        )
+    conn.close()
+
+
+@pytest.mark.parametrize("version", range(1, SCHEMA_VERSION + 1))
+def test_every_older_schema_reads_merges_and_counts_as_seen(tmp_path, version):
+    from crawler.storage.seen import SeenCatalogs
+
+    # The archive file its rows name, so that CATALOG_SEEN counts them.
+    (tmp_path / "old" / "archive").mkdir(parents=True)
+    (tmp_path / "old" / "archive" / "a.warc.gz").write_bytes(b"")
+    old = tmp_path / "old" / "metadata.db"
+    rows = [row("k1"), row("k2", status=404, method="POST")]
+    catalog_of_version(old, version, rows)
+    expected = rows  # v1 lacks "rendered", which reads as its default (0)
+    with Catalog(old, readonly=True) as catalog:  # read as it is, not migrated
+        assert catalog.version == version
+        assert catalog.get("k2") == expected[1]
+        assert list(catalog.rows("1 ORDER BY key")) == expected
+        assert catalog.summary()["by_status"] == {200: 1, 404: 1}
+    with Catalog(tmp_path / "new.db") as merged:
+        merged.merge_from(old)
+        assert [merged.get(r.key) for r in rows] == expected
+    seen = SeenCatalogs([str(old)], tmp_dir=str(tmp_path))
+    try:
+        assert seen.present(["k1", "k2", "k3"]) == {"k1", "k2"}
+        assert seen.get("k1").status == 200 and seen.get("k1").rendered == 0
+    finally:
+        seen.close()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from scrapy.settings import Settings
 
 from crawler.hub import Holder, Hub, HubError, ProxyPool
-from crawler.hub.admin import ProxyAdmin, ProxyFileError, hub_url_from, read_proxy_file
+from crawler.hub import db as hub_db
+from crawler.hub.admin import ProxyAdmin, ProxyFileError, read_proxy_file
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 
@@ -52,10 +54,12 @@ def test_proxy_file_reports_the_bad_line(tmp_path):
 
 
 def test_hub_url_from_setting_then_environment():
-    assert hub_url_from("sqlite:///a.db", {"HUB_URL": "sqlite:///b.db"}) == "sqlite:///a.db"
-    assert hub_url_from(None, {"HUB_URL": "sqlite:///b.db"}) == "sqlite:///b.db"
+    env = {"HUB_URL": "sqlite:///b.db"}
+    assert hub_db.hub_url({"HUB_URL": "sqlite:///a.db"}, env) == "sqlite:///a.db"
+    assert hub_db.hub_url(Settings({"HUB_URL": None}), env) == "sqlite:///b.db"
+    assert hub_db.hub_url({}, {}) is None
     with pytest.raises(HubError, match="set HUB_URL"):
-        hub_url_from(None, {})
+        hub_db.hub_url({}, {}, required=True)
 
 
 def test_command_end_to_end(tmp_path):

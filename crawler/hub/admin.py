@@ -23,18 +23,6 @@ class ProxyFileError(HubError):
     """A proxy list file cannot be read or holds a malformed line."""
 
 
-def hub_url_from(setting: str | None, environ: dict[str, str] | None = None) -> str:
-    """The HUB_URL setting, else the HUB_URL environment variable; an error names both."""
-    env = os.environ if environ is None else environ
-    url = setting or env.get("HUB_URL")
-    if not url:
-        raise HubError(
-            "no hub: set HUB_URL (-s HUB_URL=sqlite:///hub.db, the project settings, "
-            "or the HUB_URL environment variable)"
-        )
-    return url
-
-
 def read_proxy_file(path: str | os.PathLike[str]) -> list[str]:
     """Proxy URLs from a file, one a line; blank lines and ``#`` comments are skipped."""
     try:

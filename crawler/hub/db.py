@@ -20,6 +20,7 @@ benchmarks can use the hub directly.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -29,13 +30,32 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from crawler.hub.errors import HubUnavailableError, InvalidHubURLError
+from crawler.hub.errors import HubError, HubUnavailableError, InvalidHubURLError
 from crawler.hub.redact import redact_text, redact_url
 
 Params = Sequence[Any]
 # A migration's statement: for every dialect, or (dialect name, statement) for one.
 Migration = str | tuple[str, str]
 logger = logging.getLogger(__name__)
+
+
+def hub_url(
+    settings: Mapping[str, Any] | Any,
+    environ: Mapping[str, str] | None = None,
+    *,
+    required: bool = False,
+) -> str | None:
+    """The hub a crawl or a command uses: the ``HUB_URL`` setting (Scrapy settings or a
+    dict), else the ``HUB_URL`` environment variable. None when neither is set; with
+    ``required``, a HubError that names both."""
+    env = os.environ if environ is None else environ
+    url = settings.get("HUB_URL") or env.get("HUB_URL") or None
+    if url is None and required:
+        raise HubError(
+            "no hub: set HUB_URL (-s HUB_URL=sqlite:///hub.db, the project settings, "
+            "or the HUB_URL environment variable)"
+        )
+    return url
 
 
 class Dialect:

@@ -12,8 +12,9 @@ from html import escape
 
 from crawler.report import plots
 from crawler.report.build import Report
-from crawler.report.logread import OUTCOMES, LogStats
+from crawler.report.logread import LogStats
 from crawler.report.sources import HubSummary
+from crawler.storage.actionlog import OUTCOMES
 
 TOP_HOSTS = 20
 TOP_TYPES = 15

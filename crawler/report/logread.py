@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from crawler.storage.actionlog import FAILED, OUTCOMES
+
 logger = logging.getLogger(__name__)
 
-OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
-FAILED = frozenset({"retry", "error"})
 MAX_BINS = 2048
 # Hosts with failures tracked at once; past it the hosts with fewest failures are
 # dropped (the top 20 of a crawl of millions of hosts stay, counts become lower bounds).

@@ -17,7 +17,7 @@ matplotlib.use("svg")
 import matplotlib.dates as mdates  # noqa: E402 - after choosing the backend
 from matplotlib.figure import Figure  # noqa: E402
 
-from crawler.report.logread import OUTCOMES  # noqa: E402
+from crawler.storage.actionlog import OUTCOMES  # noqa: E402
 
 COLOURS = {
     "ok": "#2a9d8f",
@@ -25,6 +25,7 @@ COLOURS = {
     "not_modified": "#e9c46a",
     "retry": "#f4a261",
     "error": "#e76f51",
+    "item_error": "#9b5de5",
 }
 WIDE = (9.0, 3.0)
 

@@ -1,10 +1,10 @@
 """What a report reads: catalogs, action logs and the proxy hub, all read-only.
 
-Two layouts are recognised: a crawl's data directory (``metadata.db`` and
-``fetch_log.jsonl``) and a Slurm run's ``DATA/`` (``catalogs/<task>.db`` with
-``catalogs/<task>.fetch_log.jsonl`` beside each, and ``metadata.db`` once merged).
-Catalogs are opened with the plain ``sqlite3`` module in read-only mode, so a report
-can be made while a crawl writes.
+Two layouts are recognised: a crawl's data directory (its catalog and action log)
+and a Slurm run's ``DATA/`` (each task's shipped catalog and action log, and the
+merged catalog once there is one); :class:`~crawler.storage.datadir.DataDir` names
+the files. Catalogs are opened read-only (:class:`~crawler.storage.catalog.Catalog`),
+so a report can be made while a crawl writes.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-LOG_NAME = "fetch_log.jsonl"
-CATALOG_NAME = "metadata.db"
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
+from crawler.storage.errors import CatalogError
+
 # Tables of the catalog that are not item tables.
 CATALOG_TABLES = frozenset({"artifacts", "totals"})
 
@@ -64,21 +66,24 @@ def find_layout(root: Path) -> Layout:
         raise ReportError(
             f"{root}: no such data directory (give it with -s DATA_DIR=... or run a crawl first)"
         )
-    main = root / CATALOG_NAME
+    datadir = DataDir(root)
+    main = _file(datadir.catalog_path)
     tasks: list[Task] = []
-    if (root / LOG_NAME).is_file():
+    if datadir.action_log_path.is_file():
+        tasks.append(Task(root.name or str(root), main, datadir.action_log_path))
+    for name in datadir.shipped_names():
         tasks.append(
-            Task(root.name or str(root), main if main.is_file() else None, root / LOG_NAME)
+            Task(
+                name,
+                _file(datadir.shipped_catalog(name)),
+                _file(datadir.shipped_action_log(name)),
+            )
         )
-    catalogs_dir = root / "catalogs"
-    names = set()
-    if catalogs_dir.is_dir():
-        names |= {p.stem for p in catalogs_dir.glob("*.db")}
-        names |= {p.name[: -len("." + LOG_NAME)] for p in catalogs_dir.glob("*." + LOG_NAME)}
-    for name in sorted(names):
-        db, log = catalogs_dir / f"{name}.db", catalogs_dir / f"{name}.{LOG_NAME}"
-        tasks.append(Task(name, db if db.is_file() else None, log if log.is_file() else None))
-    return Layout(root, main if main.is_file() else None, tasks)
+    return Layout(root, main, tasks)
+
+
+def _file(path: Path) -> Path | None:
+    return path if path.is_file() else None
 
 
 @dataclass
@@ -129,24 +134,17 @@ def read_catalog(path: Path) -> CatalogSummary:
     """Rows, bytes, statuses, content types and item tables of one catalog."""
     summary = CatalogSummary()
     try:
-        conn = open_readonly(path)
-        try:
-            for status, count, size in conn.execute(
-                "SELECT status, count(*), coalesce(sum(bytes), 0) FROM artifacts GROUP BY status"
-            ):
+        with Catalog(path, readonly=True) as catalog:
+            totals = catalog.summary()
+            summary.rows, summary.bytes = totals["rows"], totals["bytes"]
+            for status, count in totals["by_status"].items():
                 summary.statuses[int(status or 0)] += count
-                summary.rows += count
-                summary.bytes += size
-            for ctype, count in conn.execute(
-                "SELECT content_type, count(*) FROM artifacts GROUP BY content_type"
-            ):
+            for ctype, count in catalog.count_by("content_type"):
                 summary.content_types[normalise_type(ctype)] += count
-            summary.oldest, summary.newest = conn.execute(
-                "SELECT min(fetched_at), max(fetched_at) FROM artifacts"
-            ).fetchone()
-            summary.items = read_item_tables(conn)
-        finally:
-            conn.close()
+            _, _, summary.oldest, summary.newest = catalog.overview()
+            summary.items = read_item_tables(catalog.conn)
+    except CatalogError as exc:  # names the file
+        raise ReportError(f"cannot read the catalog {exc}") from exc
     except sqlite3.Error as exc:
         raise ReportError(f"{path}: cannot read the catalog: {exc}") from exc
     return summary

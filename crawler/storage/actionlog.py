@@ -10,10 +10,27 @@ from __future__ import annotations
 import json
 import os
 import time
+from enum import StrEnum
 from json.encoder import encode_basestring
 from pathlib import Path
 
-OUTCOMES = ("ok", "cache_hit", "not_modified", "retry", "error")
+
+class Outcome(StrEnum):
+    """What a line of the action log says of its attempt: the one list the crawl's
+    counters (``actions/<outcome>``), its end summary and the report read."""
+
+    OK = "ok"
+    CACHE_HIT = "cache_hit"
+    NOT_MODIFIED = "not_modified"
+    RETRY = "retry"
+    ERROR = "error"
+    # An item of a stored page that could not be stored (pipelines/catalog.py).
+    ITEM_ERROR = "item_error"
+
+
+OUTCOMES = tuple(Outcome)
+# Fetch attempts that failed (the report groups their errors by host).
+FAILED = frozenset({Outcome.RETRY, Outcome.ERROR})
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 # What ``_encode`` makes of a cache hit, as a template: a resumed crawl logs tens of
 # thousands a second, and the encoder took more of that time than the lookup did.

@@ -14,7 +14,7 @@ import os
 import sqlite3
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from crawler.storage.batch import BatchWriter
@@ -22,11 +22,14 @@ from crawler.storage.errors import CatalogError
 from crawler.storage.records import Row
 
 SCHEMA_VERSION = 4
-# The oldest schema that has every column of Row: read-only users (tools, other
-# tasks' catalogs) read it as it is; only writing migrates.
-READABLE_FROM = 2
+# Read-only users (tools, merges, other tasks' catalogs: CATALOG_SEEN) read a catalog
+# of any schema from this one on as it is; only writing migrates. A Row column that
+# an older schema lacks reads as its default (:func:`select_list`).
+READABLE_FROM = 1
 
 COLUMNS = [f.name for f in fields(Row)]
+# The Row columns added after the first schema, with the value their rows had before.
+DEFAULTS = {f.name: f.default for f in fields(Row) if f.default is not MISSING}
 
 # Rows and bytes by status in table totals, kept by these triggers on artifacts.
 TOTALS_TRIGGERS = """
@@ -131,6 +134,25 @@ def repr_col(column: str) -> str:
 # -- the SQL of the artifacts table ---------------------------------------------------------
 
 _COLS = ", ".join(map(repr_col, COLUMNS))
+
+
+def select_list(present: Iterable[str]) -> str:
+    """The Row columns, in order, of a table holding the columns ``present``: one it
+    lacks (an older schema) as its default; raises CatalogError when it has none."""
+    present = set(present)
+    missing = [c for c in COLUMNS if c not in present and c not in DEFAULTS]
+    if missing:
+        raise CatalogError(f"no column {', '.join(missing)} in table artifacts")
+    return ", ".join(
+        repr_col(c) if c in present else f"{DEFAULTS[c]!r} AS {repr_col(c)}" for c in COLUMNS
+    )
+
+
+def columns_of(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
+    """The columns of ``schema``'s artifacts table."""
+    return [r[1] for r in conn.execute(f"PRAGMA {schema}.table_info(artifacts)")]
+
+
 _UPDATES = ", ".join(f"{repr_col(c)} = excluded.{repr_col(c)}" for c in COLUMNS if c != "key")
 
 
@@ -142,12 +164,18 @@ def _upsert(source: str, condition: str = "") -> str:
 
 
 UPSERT = _upsert(f"VALUES ({', '.join('?' * len(COLUMNS))})")
-# Rows of an attached catalog ``src``; on a key in both, the newer fetch wins. ("WHERE
-# 1" lets SQLite tell the ON CONFLICT clause from a join constraint.)
-UPSERT_NEWER_FROM_SRC = _upsert(
-    f"SELECT {_COLS} FROM src.artifacts WHERE 1",
-    " WHERE excluded.fetched_at > artifacts.fetched_at",
-)
+
+
+def upsert_newer_from_src(select: str = _COLS) -> str:
+    """Rows of an attached catalog ``src`` whose artifacts hold ``select`` (see
+    :func:`select_list`); on a key in both, the newer fetch wins. ("WHERE 1" lets
+    SQLite tell the ON CONFLICT clause from a join constraint.)"""
+    return _upsert(
+        f"SELECT {select} FROM src.artifacts WHERE 1",
+        " WHERE excluded.fetched_at > artifacts.fetched_at",
+    )
+
+
 # A 304 refreshes validators and time only; the body stays where it is.
 TOUCH = (
     "UPDATE artifacts SET etag = coalesce(?, etag), "
@@ -252,8 +280,14 @@ class Catalog:
         self.conn = connect(self.path, readonly=readonly)
         if readonly:
             self._check_version()
+            try:
+                self._select = select_list(columns_of(self.conn))
+            except (CatalogError, sqlite3.DatabaseError) as exc:
+                self.conn.close()
+                raise CatalogError(f"{self.path}: {exc}") from None
         else:
             self.migrate()
+            self._select = _COLS
 
     def _create(self) -> None:
         # Built beside its final name and linked into place whole, so a reader that
@@ -309,8 +343,8 @@ class Catalog:
             )
         if self.version < READABLE_FROM:
             raise CatalogError(
-                f"{self.path}: schema version {self.version} is older than "
-                f"{SCHEMA_VERSION}; open it once for writing (run a crawl) to migrate"
+                f"{self.path}: schema version {self.version}: not a catalog of this "
+                "project (an empty or foreign SQLite file)"
             )
 
     def migrate(self) -> None:
@@ -326,7 +360,7 @@ class Catalog:
     # -- reading -------------------------------------------------------------------
 
     def get(self, key: str) -> Row | None:
-        cur = self.conn.execute(f"SELECT {_COLS} FROM artifacts WHERE key = ?", (key,))
+        cur = self.conn.execute(f"SELECT {self._select} FROM artifacts WHERE key = ?", (key,))
         found = cur.fetchone()
         return Row(*found) if found else None
 
@@ -340,7 +374,8 @@ class Catalog:
 
     def rows(self, where: str = "1", params: Iterable = ()) -> Iterator[Row]:
         """Rows matching an SQL condition (which may end in ORDER BY / LIMIT)."""
-        cur = self.conn.execute(f"SELECT {_COLS} FROM artifacts WHERE {where}", tuple(params))
+        sql = f"SELECT {self._select} FROM artifacts WHERE {where}"
+        cur = self.conn.execute(sql, tuple(params))
         for found in cur:
             yield Row(*found)
 
@@ -400,8 +435,10 @@ class Catalog:
 
     def merge_from(self, path: str | os.PathLike) -> None:
         """Fold another catalog's rows in; on a key in both, the newer fetch wins."""
-        with attached(self.conn, path), self.transaction():
-            self.conn.execute(UPSERT_NEWER_FROM_SRC)
+        with attached(self.conn, path):
+            select = select_list(columns_of(self.conn, "src"))
+            with self.transaction():
+                self.conn.execute(upsert_newer_from_src(select))
 
 
 def keep_archives(conn: sqlite3.Connection, archives: Iterable[str]) -> int:

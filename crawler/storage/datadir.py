@@ -103,6 +103,13 @@ class DataDir:
     def shipped_catalogs(self) -> list[Path]:
         return sorted(self.shipped_dir.glob("*.db"))
 
+    def shipped_names(self) -> list[str]:
+        """The tasks that shipped a catalog or an action log here, sorted."""
+        names = {p.stem for p in self.shipped_catalogs()}
+        suffix = "." + ACTION_LOG_NAME
+        names |= {p.name[: -len(suffix)] for p in self.shipped_dir.glob("*" + suffix)}
+        return sorted(names)
+
     def seen_patterns(self) -> list[str]:
         """``CATALOG_SEEN`` globs of every catalog stored here (the merged one, shipped ones)."""
         return [str(self.catalog_path), str(self.shipped_dir / "*.db")]
