@@ -274,3 +274,26 @@ def test_every_older_schema_reads_merges_and_counts_as_seen(tmp_path, version):
         assert seen.get("k1").status == 200 and seen.get("k1").rendered == 0
     finally:
         seen.close()
+
+
+def test_a_clean_close_leaves_no_wal_behind_while_a_reader_has_the_catalog_open(tmp_path):
+    path = tmp_path / "metadata.db"
+    wal = tmp_path / "metadata.db-wal"
+    # A reader outside the project keeps the database open (the last connection to close
+    # would checkpoint and delete the WAL by itself and hide a close that does not).
+    catalog = Catalog(path)
+    reader = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        assert reader.execute("SELECT count(*) FROM artifacts").fetchone() == (0,)
+        with catalog.writer(batch_size=10) as batch:
+            for i in range(500):
+                batch.upsert(row(f"k{i}"))
+        assert wal.stat().st_size > 0  # committed, not yet moved into the database
+        catalog.close()
+        assert not wal.exists() or wal.stat().st_size == 0, f"{wal}: {wal.stat().st_size} bytes"
+        copy = tmp_path / "copy.db"
+        copy.write_bytes(path.read_bytes())  # the database file alone holds every row
+        with sqlite3.connect(copy) as alone:
+            assert alone.execute("SELECT count(*) FROM artifacts").fetchone() == (500,)
+    finally:
+        reader.close()
