@@ -205,7 +205,7 @@ def hosts_section(total: LogStats) -> str:
     rows = []
     for host, counts in top:
         detail = ", ".join(
-            f"{k} {stat(f'hostkind:{host}:{k}', n)}" for k, n in counts.most_common()
+            f"{escape(k)} {stat(f'hostkind:{host}:{k}', n)}" for k, n in counts.most_common()
         )
         rows.append(
             f"<tr><td>{escape(host)}</td>{cell(f'host:{host}', sum(counts.values()))}"
