@@ -1,4 +1,7 @@
-"""The ``site`` spider end to end: real server, real subprocess crawls, real files."""
+"""The ``site`` spider end to end: real server, real crawls, real files.
+
+Crawls run in process (tests/crawls.py) but where the process is the point: standard
+input, a usage error's exit status, ``runspider``, a refused second crawl."""
 
 from __future__ import annotations
 
@@ -9,19 +12,29 @@ from collections import Counter
 from urllib.parse import urljoin, urlsplit
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler.storage.keys import request_key
 from tests.checks import actions, assert_rows_readable, catalog_rows, rows_by_url
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
+from tests.crawls import crawl_site, crawled
 
 KINDS = ["page/1.html", "gzip/2", "chunked/3", "redirect/4", "binary/5", "latin1/6"]
 
 
-def test_bytes_stored_equal_bytes_served(site, tmp_path, data_dir):
+@pytest.fixture(scope="module")
+def kinds(site, tmp_path_factory):
+    """A data directory holding one page of each kind the site serves."""
+    data_dir = tmp_path_factory.mktemp("kinds") / "data"
+    crawler = crawled(crawl_site([f"{site.base_url}/{k}" for k in KINDS], data_dir))
+    assert crawler.stats.get_value("finish_reason") == "finished"
+    return data_dir
+
+
+def test_bytes_stored_equal_bytes_served(site, kinds):
+    data_dir = kinds
     urls = [f"{site.base_url}/{k}" for k in KINDS]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
-    assert result.returncode == 0, result.stderr
     rows = assert_rows_readable(data_dir, site)
     by_url = rows_by_url(data_dir)
     assert set(by_url) == set(urls)
@@ -35,10 +48,10 @@ def test_bytes_stored_equal_bytes_served(site, tmp_path, data_dir):
     )
 
 
-def test_stored_headers_describe_the_stored_payload(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_stored_headers_describe_the_stored_payload(site, data_dir):
     urls = [f"{site.base_url}/gzip/7", f"{site.base_url}/chunked/7"]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
-    assert result.returncode == 0, result.stderr
+    await crawl_site(urls, data_dir)
     checked = []
     for path in (data_dir / "archive").glob("*.warc.gz"):
         with open(path, "rb") as f:
@@ -56,10 +69,8 @@ def test_stored_headers_describe_the_stored_payload(site, tmp_path, data_dir):
     assert sorted(checked) == sorted(urls)
 
 
-def test_archive_passes_warcio_check_and_cdxj_indexer(site, tmp_path, data_dir):
-    urls = [f"{site.base_url}/{k}" for k in KINDS]
-    run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
-    archives = sorted((data_dir / "archive").glob("*.warc.gz"))
+def test_archive_passes_warcio_check_and_cdxj_indexer(kinds):
+    archives = sorted((kinds / "archive").glob("*.warc.gz"))
     assert archives
     bindir = ROOT / ".venv" / "bin"
     check = subprocess.run(
@@ -82,7 +93,8 @@ def test_archive_passes_warcio_check_and_cdxj_indexer(site, tmp_path, data_dir):
     assert len(lines) >= len(KINDS)
 
 
-def test_statuses_rows_and_action_log(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_statuses_rows_and_action_log(site, data_dir):
     base = site.base_url
     urls = [
         f"{base}/missing/1",
@@ -91,8 +103,7 @@ def test_statuses_rows_and_action_log(site, tmp_path, data_dir):
         f"{base}/private/1",
         f"{base}/flaky/9",
     ]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
-    assert result.returncode == 0, result.stderr
+    await crawl_site(urls, data_dir)
     by_url = rows_by_url(data_dir)
     assert by_url[f"{base}/missing/1"].status == 404
     assert by_url[f"{base}/gone/1"].status == 410
@@ -123,7 +134,8 @@ def test_statuses_rows_and_action_log(site, tmp_path, data_dir):
     assert final_error["status"] == 500 and final_error["attempt"] == 3
 
 
-def test_bad_lines_are_reported_and_skipped(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_bad_lines_are_reported_and_skipped(site, tmp_path, data_dir, caplog):
     base = site.base_url
     lines = [
         "# a comment",
@@ -135,12 +147,11 @@ def test_bad_lines_are_reported_and_skipped(site, tmp_path, data_dir):
         f"{base}/page/11.html",
         "http://bad port:x/",
     ]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", lines), data_dir)
-    assert result.returncode == 0, result.stderr
+    crawler = await crawl_site(write_urls(tmp_path / "urls.txt", lines), data_dir)
     for number in (4, 5, 6, 8):
-        assert f"urls.txt:{number}:" in result.stderr
-    assert result.stderr.count("Skipped line") == 4
-    assert "'site/bad_lines': 4" in result.stderr
+        assert f"urls.txt:{number}:" in caplog.text
+    assert caplog.text.count("Skipped line") == 4
+    assert crawler.stats.get_value("site/bad_lines") == 4
     errors = [e for e in actions(data_dir) if e["outcome"] == "error" and e["key"] is None]
     assert len(errors) == 4
     assert set(rows_by_url(data_dir)) == {f"{base}/page/10.html", f"{base}/page/11.html"}
@@ -164,28 +175,26 @@ def test_urls_from_stdin_and_duplicates_fetched_once(site, tmp_path, data_dir):
     assert set(rows_by_url(data_dir)) == {url, f"{base}/page/21.html"}
 
 
-def test_duplicates_are_fetched_once_when_the_filter_has_moved_to_disk(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_duplicates_are_fetched_once_when_the_filter_has_moved_to_disk(site, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(200, 230)]
     # One resume batch: every copy passes the catalog check, the filter alone decides.
-    url_file = write_urls(tmp_path / "urls.txt", urls * 3)
     site.reset_counts()
-    result = run_crawl(url_file, data_dir, "-s", "DUPEFILTER_MEMORY_FINGERPRINTS=4")
-    assert result.returncode == 0, result.stderr
+    crawler = await crawl_site(urls * 3, data_dir, {"DUPEFILTER_MEMORY_FINGERPRINTS": 4})
     assert {p: c for p, c in site.counts.items() if p.startswith("/page/")} == {
         f"/page/{n}.html": 1 for n in range(200, 230)
     }
     assert set(rows_by_url(data_dir)) == set(urls)
-    assert "'dupefilter/filtered': 60" in result.stderr
+    assert crawler.stats.get_value("dupefilter/filtered") == 60
 
 
-def test_resume_fetches_nothing_already_stored(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_resume_fetches_nothing_already_stored(site, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(30, 60)]
-    url_file = write_urls(tmp_path / "urls.txt", urls)
-    assert run_crawl(url_file, data_dir).returncode == 0
+    await crawl_site(urls, data_dir)
     before = catalog_rows(data_dir)
     site.reset_counts()
-    result = run_crawl(url_file, data_dir)
-    assert result.returncode == 0, result.stderr
+    await crawl_site(urls, data_dir)
     fetched = {p: c for p, c in site.counts.items() if p.startswith("/page/")}
     assert fetched == {}
     assert catalog_rows(data_dir) == before
@@ -193,14 +202,13 @@ def test_resume_fetches_nothing_already_stored(site, tmp_path, data_dir):
     assert sorted(e["url"] for e in hits) == sorted(urls)
 
 
-def test_revalidation_sends_validators_and_handles_304_and_200(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_revalidation_sends_validators_and_handles_304_and_200(site, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in (70, 71)]
-    url_file = write_urls(tmp_path / "urls.txt", urls)
-    assert run_crawl(url_file, data_dir).returncode == 0
+    await crawl_site(urls, data_dir)
     before = rows_by_url(data_dir)
     site.bump("/page/71.html")
-    result = run_crawl(url_file, data_dir, "-a", "revalidate=1")
-    assert result.returncode == 0, result.stderr
+    await crawl_site(urls, data_dir, revalidate="1")
     sent = site.request_headers["/page/70.html"]
     assert sent.get("If-None-Match") == before[urls[0]].etag
     assert sent.get("If-Modified-Since") == before[urls[0]].last_modified
@@ -243,12 +251,13 @@ def linked_within(site, start: str, depth: int) -> dict[str, int]:
     return found
 
 
-def test_depth_crawl_stays_on_site_and_resumes_to_the_same_pages(site, tmp_path):
+@deferred_f_from_coro_f
+async def test_depth_crawl_stays_on_site_and_resumes_to_the_same_pages(site, tmp_path):
     start = f"{site.base_url}/page/100.html"
     url_file = write_urls(tmp_path / "urls.txt", [start])
     full, part = tmp_path / "full", tmp_path / "part"
     site.reset_counts()
-    assert run_crawl(url_file, full, "-a", "depth=2").returncode == 0
+    await crawl_site(url_file, full, depth="2")
     reached = set(rows_by_url(full))
     # Exactly the pages within two links, none on localhost, none deeper.
     within = {u for u in linked_within(site, start, 2) if "/private/" not in u}
@@ -259,11 +268,12 @@ def test_depth_crawl_stays_on_site_and_resumes_to_the_same_pages(site, tmp_path)
     deeper = {urlsplit(u).path for u, d in linked_within(site, start, 3).items() if d == 3}
     deeper -= {urlsplit(u).path for u in within}
     assert deeper and not {p for p in deeper if site.counts[p]}, "fetched beyond depth 2"
-    stopped = run_crawl(url_file, part, "-a", "depth=2", "-s", "CLOSESPIDER_PAGECOUNT=8")
-    assert stopped.returncode == 75, stopped.stderr
+    # Its exit status (75) is test_failures.py's.
+    stopped = await crawl_site(url_file, part, {"CLOSESPIDER_PAGECOUNT": 8}, depth="2")
+    assert stopped.stats.get_value("finish_reason") == "closespider_pagecount"
     assert len(rows_by_url(part)) < len(reached)
-    resumed = run_crawl(url_file, part, "-a", "depth=2")
-    assert resumed.returncode == 0, resumed.stderr
+    resumed = await crawl_site(url_file, part, depth="2")
+    assert resumed.stats.get_value("finish_reason") == "finished"
     assert set(rows_by_url(part)) == reached
 
 

@@ -1,0 +1,41 @@
+"""In-process crawls of the project's spiders on the test's reactor.
+
+A crawl here is the one ``scrapy crawl`` runs, settings and components included, without
+an interpreter to start; tests that are about the process itself (exit status, signals,
+kills, the command line) start ``scrapy crawl`` instead (``tests.conftest.run_crawl``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest_twisted
+from scrapy.crawler import Crawler
+from scrapy.utils.defer import deferred_from_coro
+from scrapy.utils.test import get_crawler
+
+from spiders.site import SiteSpider
+from tests.conftest import project_settings, write_urls
+
+
+async def crawl(spider_cls, data_dir: Path, settings: dict | None = None, **args) -> Crawler:
+    """Crawl with ``spider_cls`` (spider arguments ``args``) into ``data_dir``."""
+    crawler = get_crawler(spider_cls, project_settings(data_dir, **(settings or {})))
+    await crawler.crawl_async(**args)
+    return crawler
+
+
+async def crawl_site(
+    urls: list[str] | str | Path, data_dir: Path, settings: dict | None = None, **args
+) -> Crawler:
+    """The ``site`` spider over ``urls`` (a list, written beside ``data_dir``, or a path)."""
+    if isinstance(urls, list):
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        urls = write_urls(data_dir.parent / f"{data_dir.name}-urls.txt", urls)
+    return await crawl(SiteSpider, data_dir, settings, urls=str(urls), **args)
+
+
+def crawled(coro) -> Crawler:
+    """The crawler of ``coro`` (a crawl above), run to its end from a synchronous
+    fixture: a module-scoped fixture cannot await, and one crawl serves its tests."""
+    return pytest_twisted.blockon(deferred_from_coro(coro))
