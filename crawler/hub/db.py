@@ -118,7 +118,7 @@ class Transaction:
         """Serialise with every other transaction that takes *key* (PostgreSQL; SQLite's
         write transactions are serialised already)."""
         if self.dialect.name == "postgresql":
-            self.cursor.execute("SELECT pg_advisory_xact_lock(%s)", (key,))
+            self.cursor.execute("SELECT pg_advisory_xact_lock(%s)", (int(key),))
 
 
 class Hub:

@@ -21,9 +21,9 @@ from typing import Any
 
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError
+from crawler.hub.locks import AdvisoryLock
 
 JOB_SCHEMA_VERSION = 1
-_SCHEMA_LOCK = 7302519003  # serialises concurrent creators of these tables
 
 _JOB_MIGRATIONS: dict[int, list[str]] = {
     1: [
@@ -75,7 +75,7 @@ class JobStore:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        hub.migrate("hub_job_schema", _JOB_MIGRATIONS, _SCHEMA_LOCK)
+        hub.migrate("hub_job_schema", _JOB_MIGRATIONS, AdvisoryLock.JOB_SCHEMA)
 
     def create(self, name: str, spider: str, settings: Mapping[str, str], queue: str = "") -> Job:
         if not name or len(name) > 200:

@@ -31,11 +31,11 @@ from typing import Any
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
+from crawler.hub.locks import AdvisoryLock
 from crawler.storage.keys import request_key
 
 WORK_SCHEMA_VERSION = 4
 LOAD_CHUNK = 5000
-_SCHEMA_LOCK = 7302519002  # serialises concurrent creators of these tables
 
 # Numbered migrations of the work tables, kept apart from the proxy tables' own.
 _WORK_MIGRATIONS: dict[int, list[str]] = {
@@ -448,4 +448,4 @@ class WorkQueue:
 
 def ensure_work_schema(hub: Hub) -> int:
     """Create or upgrade the work tables; safe to call from many processes at once."""
-    return hub.migrate("hub_work_schema", _WORK_MIGRATIONS, _SCHEMA_LOCK)
+    return hub.migrate("hub_work_schema", _WORK_MIGRATIONS, AdvisoryLock.WORK_SCHEMA)
