@@ -17,6 +17,7 @@ import pytest
 
 from crawler.hub import (
     SCHEMA_VERSION,
+    AdvisoryLock,
     Holder,
     Hub,
     HubUnavailableError,
@@ -361,7 +362,7 @@ def test_lease_churn_vacuums_the_dead_entries_every_pick_would_wade_through():
         with Hub.open(url) as hub, Hub.open(url) as other:
             pool = ProxyPool(hub)
             pool.add([f"http://127.0.0.1:{port}" for port in range(1, 51)])
-            pool.VACUUM_SECONDS = 0.0
+            pool.store.VACUUM_SECONDS = 0.0
             stats = (
                 "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'hub_proxies'::regclass"
             )
@@ -372,22 +373,22 @@ def test_lease_churn_vacuums_the_dead_entries_every_pick_would_wade_through():
                     _, lease = pool.rotate(lease, "rotated", UsageCounts(1), NO_REST, HOLDER, 60)
                 pool.release(lease, "released", UsageCounts(1), NO_REST)
 
-            pool.VACUUM_CHECK_EVERY = 10**9  # first without: what picks face
+            pool.store.VACUUM_CHECK_EVERY = 10**9  # first without: what picks face
             churn(3000)
             unvacuumed = _pick_buffers(hub)
-            pool.VACUUM_CHECK_EVERY = 500
+            pool.store.VACUUM_CHECK_EVERY = 500
             before = hub.query(stats)[0][0]
             churn(3000)
             assert hub.query(stats)[0][0] - before >= 5, "one vacuum per 500 lease operations"
             assert _pick_buffers(hub) * 4 < unvacuumed
             # Never two at once, never more often than VACUUM_SECONDS.
-            lock = "SELECT pg_try_advisory_lock(7302519002)"
+            lock = f"SELECT pg_try_advisory_lock({int(AdvisoryLock.PROXY_VACUUM)})"
             assert other.query(lock)[0][0]
-            assert not pool.vacuum_if_due(), "another process is vacuuming"
-            other.query("SELECT pg_advisory_unlock(7302519002)")
-            assert pool.vacuum_if_due()
-            pool.VACUUM_SECONDS = 3600.0
-            assert not pool.vacuum_if_due(), "vacuumed a moment ago"
+            assert not pool.store.vacuum_if_due(), "another process is vacuuming"
+            other.query(f"SELECT pg_advisory_unlock({int(AdvisoryLock.PROXY_VACUUM)})")
+            assert pool.store.vacuum_if_due()
+            pool.store.VACUUM_SECONDS = 3600.0
+            assert not pool.store.vacuum_if_due(), "vacuumed a moment ago"
             held = "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = ?"
             assert hub.query(held, (hub.query("SELECT pg_backend_pid()")[0][0],)) == [(0,)]
     finally:
@@ -405,8 +406,8 @@ def test_a_failed_vacuum_never_fails_the_lease_operation_before_it(caplog):
     try:
         with Hub.open(url) as hub:
             pool = ProxyPool(hub)
-            pool.vacuum_if_due = lost
-            pool.VACUUM_CHECK_EVERY = 1
+            pool.store.vacuum_if_due = lost
+            pool.store.VACUUM_CHECK_EVERY = 1
             pool.add(["http://127.0.0.1:3128", "http://127.0.0.1:3129"])
             lease = pool.acquire(HOLDER, 60)
             released, lease = pool.rotate(lease, "rotated", UsageCounts(1), NO_REST, HOLDER, 60)

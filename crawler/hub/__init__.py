@@ -3,7 +3,10 @@
 - ``db``: ``HUB_URL``, connections, dialects, transactions, schema versions.
 - ``redact``: credentials out of sight; proxy URLs checked.
 - ``identity``: who holds a lease (host, pid, Slurm job/task).
-- ``proxies``: the proxy pool table: managing it, leasing, usage.
+- ``locks``: every PostgreSQL advisory lock key, in one registry.
+- ``proxies``: the proxy pool table: managing it, usage; picks the backend's lease store.
+- ``lease_store``: the lease operations' interface and the rest formula;
+  ``lease_sqlite`` and ``lease_postgres`` implement it, side by side.
 - ``leases``: one process's leases (LeasePool): rotation, bans, heartbeat, waiting.
 - ``workqueue``: URL lists that tasks lease in batches (queue mode).
 - ``admin``: what ``scrapy proxies`` and ``scrapy queue`` run.
@@ -19,6 +22,7 @@ from crawler.hub.errors import (
     InvalidProxyURLError,
 )
 from crawler.hub.identity import Holder, task_identity
+from crawler.hub.lease_store import END_REASONS, Lease, LeaseStore, RestPolicy, UsageCounts
 from crawler.hub.leases import (
     Attempt,
     Finished,
@@ -28,22 +32,15 @@ from crawler.hub.leases import (
     LeaseView,
     PoolClosedError,
 )
-from crawler.hub.proxies import (
-    END_REASONS,
-    SCHEMA_VERSION,
-    Lease,
-    ProxyPool,
-    ProxyRow,
-    RestPolicy,
-    UsageCounts,
-    UsageRow,
-)
+from crawler.hub.locks import AdvisoryLock
+from crawler.hub.proxies import SCHEMA_VERSION, ProxyPool, ProxyRow, UsageRow
 from crawler.hub.redact import normalize_proxy_url, redact_text, redact_url
 from crawler.hub.workqueue import QueueProgress, WorkBatch, WorkQueue, WorkQueueError
 
 __all__ = [
     "END_REASONS",
     "SCHEMA_VERSION",
+    "AdvisoryLock",
     "Attempt",
     "Finished",
     "Holder",
@@ -55,6 +52,7 @@ __all__ = [
     "Lease",
     "LeaseConfig",
     "LeaseEvents",
+    "LeaseStore",
     "LeasePool",
     "LeaseView",
     "PoolClosedError",

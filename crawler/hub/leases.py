@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from crawler.hub.identity import Holder
-from crawler.hub.proxies import Lease, ProxyPool, RestPolicy, UsageCounts
+from crawler.hub.lease_store import Lease, RestPolicy, UsageCounts
+from crawler.hub.proxies import ProxyPool
 from crawler.hub.redact import url_credentials
 
 T = TypeVar("T")

@@ -1,0 +1,124 @@
+"""Proxy leases on a SQLite hub: each operation a few statements in one ``BEGIN
+IMMEDIATE`` transaction, which holds the whole database, so no row locks are needed.
+
+The same steps as ``lease_postgres``'s functions, in the same order; the scenario of
+``tests/test_lease_store.py`` holds them to the same results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from crawler.hub.db import Transaction
+from crawler.hub.identity import Holder
+from crawler.hub.lease_store import Lease, LeaseStore, RestPolicy, UsageCounts, ban_rest
+from crawler.hub.redact import redact_url
+
+
+class SQLiteLeaseStore(LeaseStore):
+    def acquire(
+        self, holder: Holder, ttl: float, waited: float = 0.0, avoid: int = 0
+    ) -> Lease | None:
+        with self.hub.transaction() as tx:
+            row = tx.execute(
+                "SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
+                "WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < NOW()) "
+                "AND COALESCE(resting_until, 0) <= NOW() AND id <> ? "
+                "ORDER BY COALESCE(last_used, 0), id LIMIT 1",
+                (avoid,),
+            ).fetchone()
+            if row is None:
+                return None
+            proxy_id, url, state, old_lease, old_expires = row
+            if state == "leased" and old_lease is not None:
+                tx.execute(
+                    "UPDATE hub_proxy_usage SET ended = ?, end_reason = 'expired' "
+                    "WHERE id = ? AND ended IS NULL",
+                    (old_expires, old_lease),
+                )
+            lease_id, started = tx.execute(
+                "INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started) "
+                "VALUES (?, ?, ?, ?, ?, NOW()) RETURNING id, started",
+                (proxy_id, holder.host, holder.pid, holder.task, waited),
+            ).fetchone()
+            expires = started + ttl
+            tx.execute(
+                "UPDATE hub_proxies SET state = 'leased', holder = ?, lease_id = ?, "
+                "lease_expires = ?, stretch_uses = 0, last_used = ? WHERE id = ?",
+                (str(holder), lease_id, expires, started, proxy_id),
+            )
+        return Lease(lease_id, proxy_id, url, redact_url(url), started, expires)
+
+    def renew_many(self, items: Iterable[tuple[Lease, UsageCounts]], ttl: float) -> list[bool]:
+        return [self._renew(lease, ttl, counts) for lease, counts in items]
+
+    def _renew(self, lease: Lease, ttl: float, counts: UsageCounts) -> bool:
+        with self.hub.transaction() as tx:
+            _add_usage(tx, lease, counts)
+            cur = tx.execute(
+                "UPDATE hub_proxies SET lease_expires = NOW() + ?, "
+                "stretch_uses = stretch_uses + ?, total_uses = total_uses + ?, "
+                "failures = failures + ?, bans = bans + ? "
+                "WHERE id = ? AND lease_id = ? AND state = 'leased'",
+                (ttl, counts.requests, counts.requests, counts.failures, counts.bans)
+                + (lease.proxy_id, lease.lease_id),
+            )
+            return cur.rowcount == 1
+
+    def release(self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy) -> bool:
+        # A lost lease (the proxy taken over after its TTL) keeps its counts; its end is
+        # the taker's to write.
+        rest, ban_rests = policy.rests(self.rng)
+        banned = reason == "banned"
+        with self.hub.transaction() as tx:
+            _add_usage(tx, lease, counts)
+            row = tx.execute(
+                "SELECT consecutive_bans FROM hub_proxies WHERE id = ? AND lease_id = ?",
+                (lease.proxy_id, lease.lease_id),
+            ).fetchone()
+            if row is None:
+                return False
+            streak = row[0]
+            used = tx.execute(
+                "UPDATE hub_proxy_usage SET ended = COALESCE(ended, NOW()), "
+                "end_reason = CASE WHEN ended IS NULL THEN ? ELSE end_reason END "
+                "WHERE id = ? RETURNING requests",
+                (reason, lease.lease_id),
+            ).fetchone()
+            if banned:
+                rest = ban_rest(ban_rests, streak)
+            elif not (used and used[0]):
+                rest = 0.0
+            state = "banned" if banned else ("resting" if rest > 0 else "free")
+            tx.execute(
+                "UPDATE hub_proxies SET state = ?, holder = NULL, lease_id = NULL, "
+                "lease_expires = NULL, resting_until = NOW() + ?, consecutive_bans = ?, "
+                "total_uses = total_uses + ?, failures = failures + ?, bans = bans + ?, "
+                "stretch_uses = stretch_uses + ?, last_used = NOW() WHERE id = ?",
+                (state, rest, streak + 1 if banned else 0, counts.requests, counts.failures)
+                + (counts.bans, counts.requests, lease.proxy_id),
+            )
+        return True
+
+    def rotate(
+        self,
+        lease: Lease,
+        reason: str,
+        counts: UsageCounts,
+        policy: RestPolicy,
+        holder: Holder,
+        ttl: float,
+        waited: float = 0.0,
+    ) -> tuple[bool, Lease | None]:
+        released = self.release(lease, reason, counts, policy)
+        return released, self.acquire(holder, ttl, waited, avoid=lease.proxy_id)
+
+
+def _add_usage(tx: Transaction, lease: Lease, counts: UsageCounts) -> None:
+    if not (counts.requests or counts.bytes or counts.failures or counts.bans):
+        return
+    tx.execute(
+        "UPDATE hub_proxy_usage SET requests = requests + ?, bytes = bytes + ?, "
+        "failures = failures + ?, bans = bans + ? WHERE id = ?",
+        (counts.requests, counts.bytes, counts.failures, counts.bans, lease.lease_id),
+    )

@@ -1,0 +1,141 @@
+"""Taking, renewing, releasing and rotating proxy leases: the interface each backend
+implements, and what both share (the lease, its counts, the rest formula).
+
+:class:`LeaseStore` is written once per backend, side by side: ``lease_sqlite`` runs
+each operation as a few statements in one ``BEGIN IMMEDIATE`` transaction, and
+``lease_postgres`` as one call of a plpgsql function, installed when the store opens.
+``tests/test_lease_store.py`` runs one scenario against both.
+
+The rest a released proxy takes is computed here, in Python, for both: the store passes
+the database the rests already worked out (:meth:`RestPolicy.rests`), and the database
+only picks the one its row calls for (used or not, banned how many times in a row).
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from crawler.hub.db import Hub
+from crawler.hub.identity import Holder
+
+END_REASONS = ("rotated", "banned", "released", "expired")
+# Rests after bans in a row double until the cap; past this many the cap is reached
+# whatever the settings (2 ** 64 times any positive rest).
+_MAX_BAN_STEPS = 64
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A proxy held by this process until renewed or released."""
+
+    lease_id: int
+    proxy_id: int
+    url: str = field(repr=False)
+    label: str
+    started: float
+    expires: float
+
+
+@dataclass
+class UsageCounts:
+    """What a holder did through a proxy since it last reported."""
+
+    requests: int = 0
+    bytes: int = 0
+    failures: int = 0
+    bans: int = 0
+
+    def add(self, other: UsageCounts) -> None:
+        self.requests += other.requests
+        self.bytes += other.bytes
+        self.failures += other.failures
+        self.bans += other.bans
+
+    def take(self) -> UsageCounts:
+        """Return the counts and reset them to zero."""
+        taken = UsageCounts(self.requests, self.bytes, self.failures, self.bans)
+        self.requests = self.bytes = self.failures = self.bans = 0
+        return taken
+
+
+@dataclass(frozen=True)
+class RestPolicy:
+    """How long a released proxy rests before anyone may lease it again: after a used
+    lease ``rest_seconds``; after a ban ``ban_rest_seconds``, doubled at each ban in a
+    row up to ``ban_rest_max_seconds``; each +/- ``jitter`` of itself."""
+
+    rest_seconds: float = 60.0
+    ban_rest_seconds: float = 600.0
+    ban_rest_max_seconds: float = 6 * 3600.0
+    jitter: float = 0.25
+
+    def rests(self, rng: random.Random) -> tuple[float, list[float]]:
+        """(the rest after a used lease, the rests after the 1st, 2nd... ban in a row,
+        the last one standing for every later ban), one jitter factor for all."""
+        factor = 1 + rng.uniform(-self.jitter, self.jitter)
+        bans = []
+        for step in range(_MAX_BAN_STEPS):
+            rest = min(self.ban_rest_seconds * 2**step, self.ban_rest_max_seconds)
+            bans.append(max(rest, 0.0) * factor)
+            if rest >= self.ban_rest_max_seconds or self.ban_rest_seconds <= 0:
+                break
+        return max(self.rest_seconds, 0.0) * factor, bans
+
+    def rest_for(self, reason: str, consecutive_bans: int, rng: random.Random) -> float:
+        """The rest after a lease that ended *reason*, the proxy's *consecutive_bans*
+        counting this one."""
+        rest, bans = self.rests(rng)
+        if reason != "banned":
+            return rest
+        return ban_rest(bans, consecutive_bans - 1)
+
+
+def ban_rest(bans: list[float], streak: int) -> float:
+    """The rest of a ban that follows *streak* bans in a row (see :meth:`RestPolicy.rests`)."""
+    return bans[min(max(streak, 0), len(bans) - 1)]
+
+
+class LeaseStore(ABC):
+    """The lease operations on one hub's proxy table (``crawler.hub.proxies`` makes the
+    tables and picks the store of the hub's backend). Each operation is atomic: no proxy
+    ever has two live holders, and a lease ends once."""
+
+    def __init__(self, hub: Hub, rng: random.Random) -> None:
+        self.hub = hub
+        self.rng = rng
+
+    @abstractmethod
+    def acquire(
+        self, holder: Holder, ttl: float, waited: float = 0.0, avoid: int = 0
+    ) -> Lease | None:
+        """Lease the least recently used free proxy but *avoid* for *ttl* seconds (an
+        expired lease on it is closed ``expired``), or return None."""
+
+    @abstractmethod
+    def renew_many(self, items: Iterable[tuple[Lease, UsageCounts]], ttl: float) -> list[bool]:
+        """Extend each lease by *ttl* from now and add its counts; False where it was lost."""
+
+    @abstractmethod
+    def release(self, lease: Lease, reason: str, counts: UsageCounts, policy: RestPolicy) -> bool:
+        """End a lease and let its proxy rest; False if it had been taken over."""
+
+    @abstractmethod
+    def rotate(
+        self,
+        lease: Lease,
+        reason: str,
+        counts: UsageCounts,
+        policy: RestPolicy,
+        holder: Holder,
+        ttl: float,
+        waited: float = 0.0,
+    ) -> tuple[bool, Lease | None]:
+        """:meth:`release` *lease*, then :meth:`acquire` another proxy."""
+
+    def release_many(
+        self, ends: Iterable[tuple[Lease, str, UsageCounts]], policy: RestPolicy
+    ) -> list[bool]:
+        return [self.release(lease, reason, counts, policy) for lease, reason, counts in ends]
