@@ -10,17 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest_twisted
-from scrapy.crawler import Crawler
+from scrapy.crawler import Crawler, CrawlerRunner
+from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
-from scrapy.utils.test import get_crawler
 
 from spiders.site import SiteSpider
 from tests.conftest import project_settings, write_urls
 
 
 async def crawl(spider_cls, data_dir: Path, settings: dict | None = None, **args) -> Crawler:
-    """Crawl with ``spider_cls`` (spider arguments ``args``) into ``data_dir``."""
-    crawler = get_crawler(spider_cls, project_settings(data_dir, **(settings or {})))
+    """Crawl with ``spider_cls`` (spider arguments ``args``) into ``data_dir``.
+
+    ``settings`` are set as ``-s`` sets them (command-line priority, recorded as the
+    run's settings), and so is ``DATA_DIR``, as ``run_crawl`` gives it."""
+    values = Settings(project_settings(data_dir))
+    values.setdict({"DATA_DIR": str(data_dir), **(settings or {})}, priority="cmdline")
+    # Not get_crawler, whose settings are frozen before the spider is made: a spider's
+    # from_crawler may still set them, as under ``scrapy crawl``.
+    crawler = CrawlerRunner(values).create_crawler(spider_cls)
     await crawler.crawl_async(**args)
     return crawler
 

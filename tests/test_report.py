@@ -16,10 +16,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.hub import Hub, ProxyPool, WorkQueue, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
-from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
+from spiders.products import ProductsSpider
+from tests.conftest import ROOT, crawl_env, write_urls
+from tests.crawls import crawl, crawl_site, crawled
 from tests.polling import wait_until
 from tests.proxy_servers import proxy_pool  # noqa: F401
 from tests.servers import need
@@ -227,7 +230,17 @@ def assert_stats(shown: dict[str, float], expected: dict[str, float]) -> None:
 
 
 # --- tests -----------------------------------------------------------------------------------
-def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_pool):  # noqa: F811
+# The crawls run in process (tests/crawls.py); the report is made by the command.
+@pytest.fixture(scope="module")
+def one_page(site, tmp_path_factory):
+    """A data directory of a crawl of one page (tests copy it before they change it)."""
+    data_dir = tmp_path_factory.mktemp("one_page") / "data"
+    crawled(crawl_site([f"{site.base_url}/page/1.html"], data_dir))
+    return data_dir
+
+
+@deferred_f_from_coro_f
+async def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_pool):  # noqa: F811
     hub_url = f"sqlite:///{tmp_path}/hub.db"
     with Hub.open(hub_url) as hub:
         # The 403 proxy first: the crawl's first lease is banned and rests.
@@ -235,39 +248,21 @@ def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, proxy_poo
         pool.add([proxy_pool["proxy-deny"].url])
         pool.add([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
     data_dir = tmp_path / "data"
-    urls = write_urls(tmp_path / "urls.txt", demo_urls(site.base_url))
-    done = run_crawl(
-        urls,
-        data_dir,
-        "-a",
-        "summaries=1",
-        "-s",
-        f"HUB_URL={hub_url}",
-        "-s",
-        "PROXY_ROTATE_EVERY=3",
-        "-s",
-        "PROXY_REST_SECONDS=0",
-        "-s",
-        "PROXY_BAN_REST_SECONDS=3600",
-        "-s",
-        "PROXY_LEASES_PER_PROCESS=1",
-        "-s",
-        "CONCURRENT_REQUESTS=2",
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    settings = {
+        "HUB_URL": hub_url,
+        "PROXY_ROTATE_EVERY": "3",
+        "PROXY_REST_SECONDS": "0",
+        "PROXY_BAN_REST_SECONDS": "3600",
+        "PROXY_LEASES_PER_PROCESS": "1",
+        "CONCURRENT_REQUESTS": "2",
+    }
+    await crawl_site(demo_urls(site.base_url), data_dir, settings, summaries="1")
     # Items: the products spider parses product pages into the same data directory.
     products = [f"{site.base_url}/product/{n}.html" for n in range(5)]
     # The latest run's settings are the page's, not the report command's.
-    done = run_crawl(
-        write_urls(tmp_path / "p.txt", products),
-        data_dir,
-        "-s",
-        "CONCURRENT_REQUESTS=7",
-        "-s",
-        "PROXY_NOTE=http://me:run-s3cret@127.0.0.1:3128",
-        spider="products",
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    settings = {"CONCURRENT_REQUESTS": "7", "PROXY_NOTE": "http://me:run-s3cret@127.0.0.1:3128"}
+    p_urls = write_urls(tmp_path / "p.txt", products)
+    await crawl(ProductsSpider, data_dir, settings, urls=str(p_urls))
     expected = log_counts(data_dir / "fetch_log.jsonl")
     assert expected["outcome:retry"] > 0 and expected["outcome:error"] > 0
     assert any(k.startswith("proxylog:") for k in expected), "the crawl went through proxies"
@@ -322,10 +317,9 @@ def test_missing_data_dir_is_an_error(tmp_path):
     assert not (tmp_path / "report.html").exists()
 
 
-def test_work_queues_show_how_much_is_left(tmp_path, site):
+def test_work_queues_show_how_much_is_left(tmp_path, site, one_page):
     data_dir = tmp_path / "data"
-    done = run_crawl(write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.copytree(one_page, data_dir)
     hub_url = f"sqlite:///{tmp_path}/hub.db"
     env = crawl_env() | {"HUB_URL": hub_url}
     lists = {"front": 20, "back": 7}
@@ -381,7 +375,8 @@ def ship(data_dir: Path, catalogs: Path, name: str) -> None:
     shutil.copyfile(data_dir / "fetch_log.jsonl", catalogs / f"{name}.fetch_log.jsonl")
 
 
-def test_slurm_data_shows_each_task(tmp_path, site):
+@deferred_f_from_coro_f
+async def test_slurm_data_shows_each_task(tmp_path, site):
     catalogs = tmp_path / "DATA" / "catalogs"
     catalogs.mkdir(parents=True)
     names = ["7_0_r0_p0", "7_1_r0_p0"]
@@ -390,8 +385,7 @@ def test_slurm_data_shows_each_task(tmp_path, site):
         urls = [f"{site.base_url}/page/{n}.html" for n in range(100 + 10 * i, 108 + 10 * i)]
         urls += [f"{site.base_url}/error/{50 + i}"]
         data_dir = tmp_path / f"task{i}"
-        done = run_crawl(write_urls(tmp_path / f"urls{i}.txt", urls), data_dir)
-        assert done.returncode == 0, done.stderr[-3000:]
+        await crawl_site(urls, data_dir)
         ship(data_dir, catalogs, name)
         counts = log_counts(catalogs / f"{name}.fetch_log.jsonl")
         expected[f"task:{name}:lines"] = counts["log:lines"]
@@ -409,10 +403,9 @@ def test_slurm_data_shows_each_task(tmp_path, site):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_watch_rewrites_until_interrupted(tmp_path, site, signum):
+def test_watch_rewrites_until_interrupted(tmp_path, site, signum, one_page):
     data_dir = tmp_path / "data"
-    done = run_crawl(write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
+    shutil.copytree(one_page, data_dir)
     output = tmp_path / "live" / "report.html"
     watcher = subprocess.Popen(
         report_command(data_dir, output, "--watch", "0.2"),
