@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import os
+import random
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.events import committed_rows
 from tests.polling import wait_until
 
 WRITER_MODULE = "crawler.storage.writer.server"
+SEED_VARIABLE = "CRASH_SEED"
 
 
 def children(pid: int) -> list[int]:
@@ -43,3 +48,16 @@ def wait_for_rows(data_dir: Path, target: int, proc: subprocess.Popen) -> int:
         f"{target} rows committed in {data_dir}",
         proc=proc,
     )
+
+
+@contextmanager
+def kill_moments() -> Iterator[random.Random]:
+    """The generator a crash test draws its kill moments from. Its seed is printed and
+    named in any failure; ``CRASH_SEED=<seed>`` replays the same moments."""
+    seed = int(os.environ.get(SEED_VARIABLE) or random.SystemRandom().randrange(2**32))
+    print(f"kill moments: {SEED_VARIABLE}={seed}")
+    try:
+        yield random.Random(seed)
+    except BaseException as exc:
+        exc.add_note(f"kill moments drawn with {SEED_VARIABLE}={seed}: set it to replay them")
+        raise

@@ -1,5 +1,6 @@
 """The order the crash guarantee rests on, checked at the instant of each catalog commit:
-every row the commit makes visible points at bytes that are in their file and fsynced.
+every row the commit makes visible points at bytes that are in their file and fsynced,
+in a file whose "being written" marker is fsynced into its directory.
 
 Deterministic: the check runs inside the store's own COMMIT (SQLite's trace callback
 sees the statement before it runs, and the transaction's rows are still readable on its
@@ -9,55 +10,39 @@ between a commit and the buffer's next write; this one looks at every commit.
 
 from __future__ import annotations
 
-import gzip
-import io
 import os
-import struct
-import zlib
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from warcio.archiveiterator import ArchiveIterator
 
+from crawler.storage.formats.base import WRITING_SUFFIX
 from crawler.storage.store import Store, StoreConfig
 from tests.factories import page_fetch
+from tests.thirdparty import warc_body, zip_body
 
 PAGES = 60
 
 
 @dataclass
 class Fsyncs:
-    """How far each file was fsynced, by the size it had when ``os.fsync`` returned."""
+    """How far each file was fsynced (its size when ``os.fsync`` returned), and the
+    names each directory held when it was fsynced."""
 
     sizes: dict[str, int] = field(default_factory=dict)
+    entries: dict[str, set[str]] = field(default_factory=dict)
 
     def spy(self, real):
         def fsync(fd: int) -> None:
             real(fd)
             path = os.readlink(f"/proc/self/fd/{fd}")
-            self.sizes[path] = max(self.sizes.get(path, 0), os.fstat(fd).st_size)
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                self.entries.setdefault(path, set()).update(os.listdir(path))
+            else:
+                self.sizes[path] = max(self.sizes.get(path, 0), os.fstat(fd).st_size)
 
         return fsync
-
-
-def warc_body(raw: bytes) -> bytes:
-    record = next(iter(ArchiveIterator(io.BytesIO(gzip.decompress(raw)))))
-    assert record.rec_type == "response"
-    return record.content_stream().read()
-
-
-def zip_body(raw: bytes) -> bytes:
-    # A local file header (PKWARE APPNOTE 4.3.7), then the entry's data.
-    sig, _, _, method, _, _, crc, csize, _, name_len, extra_len = struct.unpack(
-        "<4sHHHHHIIIHH", raw[:30]
-    )
-    assert sig == b"PK\x03\x04"
-    start = 30 + name_len + extra_len
-    data = raw[start : start + csize]
-    body = zlib.decompress(data, -15) if method == 8 else data
-    assert zlib.crc32(body) == crc
-    return body
 
 
 READERS = {"warc": warc_body, "zip": zip_body}
@@ -107,6 +92,11 @@ class CommitWatch:
         synced = self.fsyncs.sizes.get(os.path.realpath(path), 0)
         if end > synced:
             return f"{archive}[{offset}:{end}] not fsynced (fsynced up to {synced})"
+        # The file's "being written" marker is what makes the next run repair and index
+        # it after a kill: it must have been durable in its directory before any row.
+        marker = path.name + WRITING_SUFFIX
+        if marker not in self.fsyncs.entries.get(os.path.realpath(path.parent), set()):
+            return f"{archive}: its marker {marker} was never fsynced into its directory"
         return ""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from tests.checks import assert_rows_readable, catalog_rows, rows_by_url
 from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
 from tests.events import committed_rows, log_text, wait_until
+from tests.thirdparty import assert_every_row_reads_back
 
 NO_COMMIT = ("-s", "CATALOG_BATCH_SIZE=1000", "-s", "CATALOG_FLUSH_SECONDS=3600")
 # Scrapy logs "Scraped from <200 URL>" at DEBUG once a page's item left the pipelines,
@@ -80,6 +81,7 @@ def test_the_writer_commits_what_reached_it_when_the_crawl_dies(site, tmp_path, 
     assert len(stored) >= 10
     assert set(catalog_rows(data_dir)) == stored
     assert_rows_readable(data_dir, site)
+    assert_every_row_reads_back(data_dir, site)
     with sqlite3.connect(data_dir / "metadata.db") as conn:
         summarised = {k for (k,) in conn.execute("SELECT _key FROM page_summary")}
     assert summarised == stored  # each committed page with its item, no item without one

@@ -23,6 +23,7 @@ from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import ROOT, kill_group, run_crawl, start_crawl, write_urls
 from tests.events import wait_until
 from tests.factories import page_fetch as fetch
+from tests.thirdparty import assert_every_row_reads_back
 
 SAMPLES = ROOT / "tests" / "data" / "broken"
 
@@ -207,6 +208,7 @@ def test_killed_zip_crawl_is_repaired_and_resumed(site, tmp_path, data_dir):
         site.release()
     assert _rows_committed(data_dir / "metadata.db") >= 6, (tmp_path / "crawl.log").read_text()
     assert list((data_dir / "archive").glob("*.zip.writing"))
+    assert_every_row_reads_back(data_dir, site)  # as the kill left them, before any repair
     result = run_crawl(url_file, data_dir, "-s", "ARCHIVE_FORMAT=zip", timeout=300)
     assert result.returncode == 0, result.stderr
     assert "left open by a killed run" in result.stderr

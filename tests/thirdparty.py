@@ -1,0 +1,99 @@
+"""A data directory read as a program outside the project reads it: the sqlite3 module
+for the catalog; for each row, a seek and read of the file the row names, then gzip and
+warcio (WARC) or the entry's local header (zip). None of the project's code, so that a
+fault in its readers cannot hide one in what it wrote."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import sqlite3
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from warcio.archiveiterator import ArchiveIterator
+
+COLUMNS = 'key, url, final_url, status, bytes, archive, "offset", length'
+
+
+def catalog_rows(data_dir: Path) -> list[tuple]:
+    """Every row of ``artifacts`` (``COLUMNS``), or none before the catalog exists."""
+    path = data_dir / "metadata.db"
+    if not path.exists():
+        return []
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+        try:
+            return db.execute(f"SELECT {COLUMNS} FROM artifacts").fetchall()
+        except sqlite3.OperationalError as exc:
+            if "no such table" in str(exc):  # created, its schema not yet committed
+                return []
+            raise
+
+
+def warc_body(raw: bytes) -> bytes:
+    """The payload of the one gzip member ``raw``, a WARC response record."""
+    record = next(iter(ArchiveIterator(io.BytesIO(gzip.decompress(raw)))))
+    assert record.rec_type == "response", record.rec_type
+    return record.content_stream().read()
+
+
+def zip_body(raw: bytes) -> bytes:
+    """The data of the zip entry ``raw`` starts with: a local file header (PKWARE
+    APPNOTE 4.3.7), then the entry, stored or deflated."""
+    sig, _, _, method, _, _, crc, csize, _, name_len, extra_len = struct.unpack(
+        "<4sHHHHHIIIHH", raw[:30]
+    )
+    assert sig == b"PK\x03\x04", sig
+    start = 30 + name_len + extra_len
+    data = raw[start : start + csize]
+    body = zlib.decompress(data, -15) if method == 8 else data
+    assert zlib.crc32(body) == crc, "the entry's CRC does not match"
+    return body
+
+
+def reader(archive: str) -> Callable[[bytes], bytes]:
+    if archive.endswith(".warc.gz"):
+        return warc_body
+    if archive.endswith(".zip"):
+        return zip_body
+    raise AssertionError(f"{archive}: a row names a file of no known format")
+
+
+def record_problem(data_dir: Path, archive: str, offset: int, length: int) -> tuple[str, bytes]:
+    """("", body) when the record a row points at reads back; else (what is wrong, b"")."""
+    end = offset + length
+    try:
+        with open(data_dir / archive, "rb") as f:  # the name the row gives, nothing else
+            size = os.fstat(f.fileno()).st_size
+            if end > size:
+                return f"{archive}[{offset}:{end}] ends beyond the file's {size} bytes", b""
+            f.seek(offset)
+            raw = f.read(length)
+    except FileNotFoundError:
+        return f"{archive}: no such file", b""
+    try:
+        return "", reader(archive)(raw)
+    except Exception as exc:  # any way the bytes fail to read is the finding
+        return f"{archive}[{offset}:{end}] does not read back: {exc!r}", b""
+
+
+def assert_every_row_reads_back(data_dir: Path, site) -> int:
+    """Every row's record is within its file and holds the bytes ``site`` served for
+    the row's final URL; returns the number of rows."""
+    problems = []
+    rows = catalog_rows(data_dir)
+    for _key, url, final_url, status, size, archive, offset, length in rows:
+        problem, body = record_problem(data_dir, archive, offset, length)
+        if not problem and body != site.payload(urlsplit(final_url).path):
+            problem = f"{archive}[{offset}:{offset + length}] holds other bytes"
+        if not problem and len(body) != size:
+            problem = f"the row says {size} bytes, the record holds {len(body)}"
+        if problem:
+            problems.append(f"{url} (status {status}): {problem}")
+    assert not problems, f"{len(problems)} of {len(rows)} rows do not read back: {problems[:5]}"
+    return len(rows)
