@@ -23,7 +23,7 @@ from scrapy.exceptions import NotConfigured
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.errors import StoreError
-from crawler.storage.items import ItemRow, PageItems, parsed_at_now, parsed_keys
+from crawler.storage.items import ItemRow, PageItems, parsed_at_now, unparsed_recovered
 from middlewares.archive import CACHED_FLAG, ArchiveMiddleware
 
 logger = logging.getLogger(__name__)
@@ -172,26 +172,25 @@ class ItemPagesMiddleware:
             yield request
 
     def _unparsed(self) -> list[Request]:
-        recovery = self.session.recovery if self.session is not None else None
-        if recovery is None or not recovery.indexed_rows:
+        # Every recovered page not parsed yet, this run's and those a run killed before
+        # it parsed them left.
+        if self.session is None:
             return []
-        rows = {row.key: row for repair in recovery.repairs for row in repair.indexed.rows}
         with Catalog(self.session.datadir.catalog_path, readonly=True) as catalog:
-            parsed = parsed_keys(catalog.conn, self.spider_name, list(rows))
-        todo = [row for key, row in rows.items() if key not in parsed]
+            todo = unparsed_recovered(catalog.conn, self.spider_name)
         if todo:
             logger.warning("Parsing %d pages a killed run stored without their items", len(todo))
             self.stats.set_value("items/recovered_pages", len(todo))
         return [
             Request(
-                row.url,
+                url,
                 dont_filter=True,
                 meta={
                     "catalog_replay": True,
                     "catalog_recovered": True,
-                    "catalog_key": row.key,
-                    "catalog_url": row.url,
+                    "catalog_key": key,
+                    "catalog_url": url,
                 },
             )
-            for row in todo
+            for key, url in todo
         ]

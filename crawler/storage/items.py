@@ -30,6 +30,10 @@ PAGES_TABLE = "_item_pages"
 # Pages in the order their rows were committed by a crawl (a follower's position).
 PAGE_LOG = "_page_log"
 FOLLOW_TABLE = "_follow_progress"
+# Pages whose records an items crawl's recovery indexed from the archive: their rows
+# are committed before their items are parsed, so the list is kept until they are (a
+# run killed in between leaves them to the next: middlewares/items.py).
+RECOVERED_TABLE = "_recovered_pages"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 # The catalog's own tables (crawler/storage/catalog.py), never an item table; nor is
 # any name starting with "_" (this module's tables) or "sqlite_" (SQLite's).
@@ -53,6 +57,7 @@ CREATE TABLE IF NOT EXISTS {PAGE_LOG} (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     _key TEXT NOT NULL
 )"""
+RECOVERED_SQL = f"CREATE TABLE IF NOT EXISTS {RECOVERED_TABLE} (_key TEXT PRIMARY KEY)"
 FOLLOW_SQL = f"""
 CREATE TABLE IF NOT EXISTS {FOLLOW_TABLE} (
     spider TEXT PRIMARY KEY,
@@ -420,6 +425,8 @@ class PageLogWriter:
 
     # The rows these keys go with count toward the batch already.
     pending = 0
+    create = PAGE_LOG_SQL
+    insert = f"INSERT INTO {PAGE_LOG} (_key) VALUES (?)"
 
     def __init__(self, conn: sqlite3.Connection):
         self._conn = conn
@@ -433,10 +440,31 @@ class PageLogWriter:
         if not self._keys:
             return
         if not self._created:
-            self._conn.execute(PAGE_LOG_SQL)
+            self._conn.execute(self.create)
             self._created = True
-        self._conn.executemany(f"INSERT INTO {PAGE_LOG} (_key) VALUES (?)", self._keys)
+        self._conn.executemany(self.insert, self._keys)
         self._keys.clear()
+
+
+class RecoveredPagesWriter(PageLogWriter):
+    """The recovery of an items crawl: the pages it indexes go to the recovered-pages
+    list in the transaction of their rows, to be parsed for their items."""
+
+    create = RECOVERED_SQL
+    insert = f"INSERT OR IGNORE INTO {RECOVERED_TABLE} (_key) VALUES (?)"
+
+
+def unparsed_recovered(conn: sqlite3.Connection, spider: str) -> list[tuple[str, str]]:
+    """(key, url) of the recovered pages whose items of ``spider`` are not stored."""
+    if not conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (RECOVERED_TABLE,)
+    ).fetchone():
+        return []
+    pages = conn.execute(
+        f"SELECT r._key, a.url FROM {RECOVERED_TABLE} r JOIN artifacts a ON a.key = r._key"
+    ).fetchall()
+    parsed = parsed_keys(conn, spider, [key for key, _ in pages])
+    return [(key, url) for key, url in pages if key not in parsed]
 
 
 class ItemStore:

@@ -173,7 +173,8 @@ class StorageSession:
         ``runs.jsonl`` once the data directory is locked."""
         self.start_writer()
         self._lock.acquire()
-        recovery = recover(self.datadir, log_pages=not self.config.store.items)
+        items = self.config.store.items
+        recovery = recover(self.datadir, log_pages=not items, items=items)
         for repair in recovery.repairs:
             logger.warning(
                 "Repaired %s left open by a killed run: %d records kept, %d bytes cut%s",

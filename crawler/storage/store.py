@@ -23,7 +23,7 @@ from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import StoreError
 from crawler.storage.formats.base import Repair
-from crawler.storage.items import ItemStore, PageItems, PageLogWriter
+from crawler.storage.items import ItemStore, PageItems, PageLogWriter, RecoveredPagesWriter
 from crawler.storage.records import Fetch, Row, Touch, header, warc_date
 
 
@@ -56,11 +56,12 @@ class Recovery:
     log_cut: bytes = b""  # a torn last line cut off the action log
 
 
-def recover(datadir: DataDir, log_pages: bool = False) -> Recovery:
+def recover(datadir: DataDir, log_pages: bool = False, items: bool = False) -> Recovery:
     """Repair archives a killed run left unfinished, index what the catalog lacks, and
     cut a torn last line off the action log. ``log_pages``: the rows indexed go to the
-    page log too, with them (a crawl without items; with items, the pages are parsed
-    again and logged with their items).
+    page log too, with them (a crawl without items). ``items``: they go to the list of
+    recovered pages instead, whose items are still to parse (and which are logged with
+    their items).
 
     Call it with the data directory locked and no writer running.
     """
@@ -75,19 +76,30 @@ def recover(datadir: DataDir, log_pages: bool = False) -> Recovery:
             repair = formats.for_path(path).repair(path, datadir.root)
             result.repairs.append(repair)
             result.indexed_rows += index_missing(
-                catalog, repair.indexed.rows, repair.indexed.touches, log_pages
+                catalog, repair.indexed.rows, repair.indexed.touches, log_pages, items
             )
     return result
 
 
 def index_missing(
-    catalog: Catalog, rows: list[Row], touches: list[Touch], log_pages: bool = False
+    catalog: Catalog,
+    rows: list[Row],
+    touches: list[Touch],
+    log_pages: bool = False,
+    items: bool = False,
 ) -> int:
     """UPSERT rows the catalog lacks or holds an older fetch of; apply newer 304s.
-    ``log_pages``: append the rows' keys to the page log in the same transactions."""
+    ``log_pages`` (``items``): append the rows' keys to the page log (the recovered
+    pages) in the same transactions."""
     added = 0
     with catalog.writer(batch_size=1000) as batch:
-        page_log = PageLogWriter(catalog.conn) if log_pages else None
+        page_log = (
+            PageLogWriter(catalog.conn)
+            if log_pages
+            else RecoveredPagesWriter(catalog.conn)
+            if items
+            else None
+        )
         if page_log is not None:
             batch.add_writes(page_log)
         for row in rows:
