@@ -297,3 +297,33 @@ def test_a_clean_close_leaves_no_wal_behind_while_a_reader_has_the_catalog_open(
             assert alone.execute("SELECT count(*) FROM artifacts").fetchone() == (500,)
     finally:
         reader.close()
+
+
+class FailingWrites:
+    """Writes a batch commits with its rows (as item tables are), failing on demand."""
+
+    pending = 0
+    fail = True
+
+    def write(self) -> None:
+        if self.fail:
+            raise sqlite3.OperationalError("database or disk is full")
+
+
+def test_a_batch_that_fails_commits_none_of_it_and_the_next_batch_commits(tmp_path):
+    path = tmp_path / "metadata.db"
+    writes = FailingWrites()
+    with Catalog(path) as catalog:
+        batch = catalog.writer(batch_size=100)
+        batch.add_writes(writes)
+        batch.upsert(row("k1"))
+        with pytest.raises(sqlite3.OperationalError):
+            batch.flush()
+        assert not catalog.conn.in_transaction, "the failed transaction was left open"
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as reader:
+            assert reader.execute("SELECT count(*) FROM artifacts").fetchone() == (0,)
+        writes.fail = False
+        batch.upsert(row("k2"))
+        assert batch.flush() == 2  # the failed batch's row goes with the next
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as reader:
+        assert reader.execute("SELECT count(*) FROM artifacts").fetchone() == (2,)

@@ -1,6 +1,6 @@
 """``scrapy catalog report`` shows names it did not choose (URLs, hosts, settings, item
 tables, proxies, error texts) as text: each with ``<b>&"'`` in it appears escaped, and no element of
-the page comes from it."""
+the page comes from it. A credential in a run's recorded settings is not shown."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ SETTING = f"{MARK}setting"
 LOG_PROXY = f"http://{MARK}logproxy:3128"
 HUB_PROXY = f"http://{MARK}hubproxy:3128"
 HUB_FILE = f"{MARK}hub.db"
+SECRET = "run-s3cret"
 ERROR = f"{MARK}error"  # a failure's kind is the text before its first colon
 
 
@@ -64,7 +65,12 @@ def write_data_dir(data_dir: Path) -> None:
         "pid": 1,
         "host": "h",
         "spider": "site",
-        "settings": {"PROXY_NOTE": SETTING, "HUB_URL": hub_url(data_dir)},
+        # An older or hand-edited run may hold a credential: the page never shows it.
+        "settings": {
+            "PROXY_NOTE": SETTING,
+            "HUB_URL": hub_url(data_dir),
+            "FEED_URI": f"http://me:{SECRET}@example.org/feed",
+        },
     }
     (data_dir / "runs.jsonl").write_text(json.dumps(run) + "\n")
 
@@ -111,6 +117,8 @@ def test_every_name_the_page_shows_is_escaped_and_makes_no_element(tmp_path):
     page = Page()
     page.feed(html)
     page.close()
+    assert SECRET not in html, "a run's credential is shown"
+    assert "http://me:***@example.org/feed" in page.text
     assert "b" not in page.tags, "an element made of a name"
     # Outside the figures, the page's own markup: the mark is never raw in it.
     text_html = html.replace(ESCAPED, "")
