@@ -3,7 +3,9 @@
 Listed in ``ADDONS`` (crawler/settings.py); does nothing unless ``JOB`` (setting) or
 ``HUB_JOB`` (environment) names a job. The job's settings then take precedence over the
 project's and the spider's, and the command line's over them; the log names the source
-of every setting the job holds. ``extensions/job_settings.py`` follows later changes.
+of every setting the job holds. A value no crawl can use (``crawler/hub/jobchecks.py``),
+stored by hand or by an older version, is skipped with a warning naming it.
+``extensions/job_settings.py`` follows later changes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from scrapy.settings import SETTINGS_PRIORITIES
 
 from crawler.hub import Hub
 from crawler.hub.db import hub_url
+from crawler.hub.jobchecks import JobSettingError, check_setting
 from crawler.hub.jobs import JobStore
 
 logger = logging.getLogger(__name__)
@@ -53,7 +56,17 @@ class JobAddon:
                     value,
                 )
                 continue
+            try:
+                check_setting(key, value, settings)
+            except JobSettingError as exc:
+                logger.warning(
+                    "Job %s: %s: skipped, the crawl keeps %r", name, exc, settings.get(key)
+                )
+                continue
             settings.set(key, value, priority=JOB_PRIORITY)
             logger.info("Setting %s=%r from job %s in the hub %s", key, value, name, label)
+        # What was said of each of the job's values here, the running crawl does not
+        # say again (extensions/job_settings.py).
+        settings.set("JOB_SETTINGS_READ", dict(job.settings), priority="cmdline")
         settings.set("JOB", name, priority="cmdline")
         settings.set("JOB_VERSION", job.version, priority="cmdline")

@@ -7,10 +7,12 @@ import sys
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
+from scrapy.utils.project import get_project_settings
 
 from crawler.hub import Hub, HubError
 from crawler.hub.admin import JobAdmin
 from crawler.hub.db import hub_url
+from crawler.hub.jobchecks import JobSettingError, check_settings
 from crawler.hub.jobs import parse_assignments
 
 ACTIONS = ("create", "set", "list", "show")
@@ -56,13 +58,29 @@ class Command(ScrapyCommand):
             raise UsageError("`job create NAME` needs --spider SPIDER")
         assert self.settings is not None
         try:
+            given = {}
+            if action == "create":
+                given = parse_assignments(opts.set or [], "-s ")
+            elif action == "set":
+                given = parse_assignments(rest[1:])
+            # The project's defaults: create's -s values are in self.settings too.
+            for warning in check_settings(given, get_project_settings()):
+                print(warning, file=sys.stderr)
+        except JobSettingError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
+            return
+        except HubError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1
+            return
+        try:
             with Hub.open(hub_url(self.settings, required=True)) as hub:
                 admin = JobAdmin(hub)
                 if action == "create":
-                    given = parse_assignments(opts.set or [], "-s ")
                     print(admin.create(rest[0], opts.spider, given, opts.urls))
                 elif action == "set":
-                    print(admin.set(rest[0], parse_assignments(rest[1:])))
+                    print(admin.set(rest[0], given))
                 elif action == "list":
                     print(admin.list())
                 else:

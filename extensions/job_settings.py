@@ -5,6 +5,7 @@ On when the crawl runs a job (``JOB``, see ``addons/job.py``). Every
 ``JOB_REFRESH_SECONDS`` it asks the hub, in a thread, whether the job changed; the
 settings of :data:`LIVE_SETTINGS` that changed are applied at once, the others are
 logged as taking effect at the next start. Settings given on the command line still win.
+A value no crawl can use is skipped, said once, and the job's other changes applied.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from twisted.internet.threads import deferToThread
 
 from crawler.hub import Hub, HubError
 from crawler.hub.db import hub_url
+from crawler.hub.jobchecks import JobSettingError, check_setting
 from crawler.hub.jobs import Job, JobStore
 from middlewares.proxy_lease import ProxyLeaseMiddleware
 
@@ -58,6 +60,10 @@ class JobSettingsExtension:
             for key in LIVE_SETTINGS
             if (settings.getpriority(key) or 0) >= SETTINGS_PRIORITIES["cmdline"]
         }
+        # The job's values this crawl has taken, skipped or reported, so that each is
+        # said once (by the job addon at the start, or here).
+        self.seen: dict[str, str] = dict(settings.getdict("JOB_SETTINGS_READ"))
+        self._missing = object()
         self.delay: float | None = None  # DOWNLOAD_DELAY given to new download slots
         self.domain_concurrency: int | None = None
         self._hub: Hub | None = None
@@ -111,11 +117,16 @@ class JobSettingsExtension:
             return
         self.version = job.version
         changed = {
-            k: v for k, v in job.settings.items() if k not in self.current or self.current[k] != v
+            k: v
+            for k, v in job.settings.items()
+            if self.current.get(k, self._missing) != v and self.seen.get(k) != v
         }
+        live = {}
         for key in sorted(changed):
             if key in self.pinned:
                 logger.info("Job %s changed %s; the command line's value stays", self.name, key)
+            elif not self._usable(key, changed[key], job.version):
+                pass
             elif key not in LIVE_SETTINGS:
                 logger.warning(
                     "Job %s changed %s to %r: it takes effect when a crawl process starts",
@@ -123,12 +134,18 @@ class JobSettingsExtension:
                     key,
                     changed[key],
                 )
-        live = {k: v for k, v in changed.items() if k in LIVE_SETTINGS and k not in self.pinned}
+            else:
+                live[key] = changed[key]
+                continue
+            # Said once: later versions that keep this value say nothing of it.
+            self.seen[key] = changed[key]
         if not live:
             return
         try:
             self._apply_live(live)
         except (TypeError, ValueError) as exc:
+            # The values passed check_setting: a downloader or middleware refused them.
+            self.seen.update(live)
             logger.error("Job %s version %d: not applied: %s", self.name, job.version, exc)
             return
         for key in sorted(live):
@@ -142,6 +159,21 @@ class JobSettingsExtension:
             )
             self.current[key] = live[key]
         self.crawler.stats.inc_value("job/settings_applied", len(live))
+
+    def _usable(self, key: str, value: str, version: int) -> bool:
+        try:
+            check_setting(key, value, self.crawler.settings)
+        except JobSettingError as exc:
+            logger.error(
+                "Job %s version %d: %s: skipped, the crawl keeps %r",
+                self.name,
+                version,
+                exc,
+                self.current.get(key, self.crawler.settings.get(key)),
+            )
+            self.crawler.stats.inc_value("job/settings_skipped")
+            return False
+        return True
 
     def _apply_live(self, live: dict[str, str]) -> None:
         values = Settings({**self.crawler.settings.copy_to_dict(), **self.current, **live})
