@@ -32,6 +32,10 @@ from crawler.storage.errors import CatalogError, StoreError
 ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz", "report")
 
 
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def _print(lines) -> None:
     for line in lines:
         print(line)
@@ -143,7 +147,7 @@ class Command(ScrapyCommand):
         if opts.table:
             name = f"{opts.table}.{opts.format}"
             output = Path(opts.output or self.datadir.derived_dir / name)
-            n = export_table(self.data_dir, opts.table, opts.format, output)
+            n = export_table(self.data_dir, opts.table, opts.format, output, _warn)
             print(f"exported {n:,} rows of {opts.table} to {output}")
             return 0
         output = Path(opts.output or self.datadir.derived_dir / f"catalog.{opts.format}")

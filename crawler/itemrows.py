@@ -8,6 +8,8 @@ The rule (README: "Parsing, and parsing again"):
 - columns: the item's fields (ItemAdapter's names); a field's ``sqlite_type``
   metadata (``scrapy.Field(sqlite_type="REAL")``, ``field(metadata={...})``) or else
   its first value decides the column's type; lists and dicts are stored as JSON text;
+- NaN is NULL, bare or in a list or dict (JSON null), and said once per field;
+  infinity is a REAL, and 1e999 in JSON text;
 - reserved: the catalog's own tables (``artifacts``, ``totals``) and every name
   starting with ``_`` or ``sqlite_`` are never an item table; nor can two fields of
   one item differ only in case (SQLite's column names ignore case): such an item is
@@ -24,7 +26,14 @@ from functools import lru_cache
 
 from itemadapter import ItemAdapter
 
-from crawler.storage.items import TYPES, ItemRow, ItemValueError, column_value, reserved_table
+from crawler.storage.items import (
+    TYPES,
+    ItemRow,
+    ItemValueError,
+    column_value,
+    has_nan,
+    reserved_table,
+)
 
 TYPE_META = "sqlite_type"
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -88,6 +97,7 @@ def item_row(item, spider_name: str) -> ItemRow:
         )
     adapter = ItemAdapter(item)
     values: dict[str, object] = {}
+    nan_fields: list[str] = []
     folded: dict[str, str] = {}
     for name, value in adapter.items():
         twin = folded.setdefault(name.lower(), name)
@@ -104,10 +114,18 @@ def item_row(item, spider_name: str) -> ItemRow:
                 name,
             )
         try:
-            values[name] = column_value(value)
+            stored = values[name] = column_value(value)
         except ItemValueError as exc:
             raise ItemFieldError(str(exc), name) from None
+        if _nan_stored(value, stored):
+            nan_fields.append(name)
     missing = [n for n in natural if values.get(n) is None]
     if missing:
         raise ItemFieldError(f"natural key field {missing[0]!r} is empty", missing[0])
-    return ItemRow(table, values, types, natural)
+    return ItemRow(table, values, types, natural, tuple(nan_fields))
+
+
+def _nan_stored(value: object, stored: object) -> bool:
+    if stored is None:
+        return value is not None  # a bare NaN
+    return isinstance(stored, str) and "null" in stored and has_nan(value)

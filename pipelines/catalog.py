@@ -32,6 +32,7 @@ class CatalogPipeline:
         self.stats = crawler.stats
         self.pages: ItemPagesMiddleware | None = None
         self.spider_name = ""
+        self._said_nan: set[tuple[str, str]] = set()
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -62,8 +63,26 @@ class CatalogPipeline:
             self._bad_item(item, page, exc)
             pages.item_stored(item, None)
             return item
+        if row.nan_fields:
+            self._nan(item, page, row.nan_fields)
         pages.item_stored(item, row)
         return item
+
+    def _nan(self, item, page, fields: tuple[str, ...]) -> None:
+        self.stats.inc_value("items/nan_as_null", len(fields))
+        cls = type(item).__name__
+        for name in fields:
+            if (cls, name) in self._said_nan:
+                continue
+            self._said_nan.add((cls, name))
+            logger.warning(
+                "spider %r, item class %s, field %r, page %s: NaN stored as NULL (JSON null "
+                "in a list or dict); said once per field, counted in items/nan_as_null",
+                self.spider_name,
+                cls,
+                name,
+                page.url,
+            )
 
     def _bad_item(self, item, page, exc: ItemFieldError) -> None:
         message = exc.describe(self.spider_name, item, page.url)

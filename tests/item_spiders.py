@@ -111,6 +111,7 @@ class SequenceItem:
     url: str
 
 
+MIXED = (1, None, "text", 2.5, b"\x00\xff")
 RESERVED_ITEMS = (Artifacts, Totals, SqliteMaster, CatalogTableArtifacts, PageLogItem, SequenceItem)
 
 
@@ -119,7 +120,8 @@ class ShapesSpider(scrapy.Spider):
 
     - ``reserved``: one item of each class in RESERVED_ITEMS;
     - ``case``: a dict with fields ``title`` and ``Title``;
-    - ``floats``: dicts holding NaN, Infinity and bytes, bare and in lists.
+    - ``floats``: dicts holding NaN, Infinity and bytes, bare and in lists;
+    - ``mixed``: a dict whose ``value`` is of another type on each page (MIXED).
     """
 
     name = "shapes"
@@ -149,6 +151,10 @@ class ShapesSpider(scrapy.Spider):
 
     def shape_plain(self, url, title):
         yield {"url": url, "title": title}
+
+    def shape_mixed(self, url, title):
+        number = int(url.rsplit("/", 1)[1].split(".")[0])
+        yield {"url": url, "value": MIXED[number % len(MIXED)]}
 
     def shape_floats(self, url, title):
         yield {"url": url, "nan": float("nan"), "inf": float("inf"), "blob": url.encode()}

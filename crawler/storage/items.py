@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -114,6 +116,7 @@ class ItemRow:
     values: dict[str, object]
     types: dict[str, str] = field(default_factory=dict)  # declared by field metadata
     natural_key: tuple[str, ...] = ()
+    nan_fields: tuple[str, ...] = ()  # a NaN stored as NULL there (the pipeline says so)
 
 
 # A page's items as they cross to the writer process and are inserted: runs of
@@ -182,17 +185,62 @@ def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+# JSON has no NaN or Infinity: NaN is null, as SQLite stores a bare NaN (NULL), and
+# +-Infinity is written 1e999 / -1e999, valid JSON that every JSON reader (Python,
+# JavaScript, SQLite's json functions, pandas) reads back as infinity.
+INFINITY_JSON = "1e999"
+
+
+def _finite(value: object, marker: str) -> object:
+    """``value`` with NaN as None and infinities as ``marker`` strings (lists, dicts)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("+" if value > 0 else "-") + marker
+    if isinstance(value, dict):
+        return {k: _finite(v, marker) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, marker) for v in value]
+    return value
+
+
+def json_text(value: object) -> str:
+    """``value`` as JSON text (the text of a list or dict column, a jsonl line);
+    NaN as null, infinities as +-1e999. Raises TypeError, ValueError."""
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except ValueError:
+        pass  # a NaN or an infinity: the slower path, rare
+    marker = uuid.uuid4().hex
+    text = json.dumps(_finite(value, marker), ensure_ascii=False, allow_nan=False)
+    text = text.replace(f'"+{marker}"', INFINITY_JSON)
+    return text.replace(f'"-{marker}"', "-" + INFINITY_JSON)
+
+
+def has_nan(value: object) -> bool:
+    """Whether ``value`` (or a list or dict in it) holds a NaN, stored as NULL."""
+    if isinstance(value, float):
+        return math.isnan(value)
+    if isinstance(value, dict):
+        return any(has_nan(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(has_nan(v) for v in value)
+    return False
+
+
 def column_value(value: object) -> object:
-    """``value`` as SQLite stores it; raises ItemValueError when it cannot be."""
-    if value is None or isinstance(value, (str, float, bytes)):
+    """``value`` as SQLite stores it; raises ItemValueError when it cannot be.
+
+    A NaN is NULL (SQLite stores a NaN so), bare or in a list or dict (JSON null)."""
+    if value is None or isinstance(value, (str, bytes)):
         return value
+    if isinstance(value, float):
+        return None if math.isnan(value) else value
     if isinstance(value, int):  # bool too
         if -(1 << 63) <= value < (1 << 63):
             return int(value)
         raise ItemValueError(f"integer {value} does not fit in 64 bits")
     if isinstance(value, (list, tuple, dict)):
         try:
-            return json.dumps(value, ensure_ascii=False, allow_nan=False)
+            return json_text(value)
         except (TypeError, ValueError) as exc:
             raise ItemValueError(f"{type(value).__name__} is not JSON: {exc}") from None
     raise ItemValueError(

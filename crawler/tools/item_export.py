@@ -1,24 +1,64 @@
 """Item tables: list them with their row counts, export one as Parquet, CSV or JSON lines.
 
-Parquet columns take their types from the table's declared SQLite types (INTEGER ->
-int64, REAL -> float64, TEXT -> string, BLOB -> binary), and ``_parsed_at`` is a UTC
-timestamp (microseconds); columns without a declared type are strings. Lists and dicts stay JSON text.
+Every stored value is exported. Parquet columns take their types from the table's
+declared SQLite types (INTEGER -> int64, REAL -> float64, TEXT -> string, BLOB ->
+binary), and ``_parsed_at`` is a UTC timestamp (microseconds); columns without a
+declared type are strings. A column whose stored values do not all fit its type
+(SQLite keeps what it is given: text in an INTEGER column, say) is exported as text,
+with a warning naming it. Lists and dicts stay JSON text.
+
+As text (CSV, JSON lines, a Parquet column exported as text), a BLOB is hexadecimal
+and a REAL is Python's shortest repr; JSON lines write an infinity as 1e999 (valid
+JSON, read back as infinity). A NaN never reaches a table: it is stored as NULL.
 """
 
 from __future__ import annotations
 
 import csv
-import json
+import logging
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from crawler.storage.items import META_COLUMNS, quote
+from crawler.storage.items import META_COLUMNS, json_text, quote
 from crawler.tools.scan import ToolError, open_catalog
 
 TABLE_FORMATS = ("parquet", "csv", "jsonl")
 BATCH = 50_000
+AS_TEXT = "AS TEXT"  # the declared type of a Parquet column exported as text
+# The SQLite storage classes (typeof) each declared type's Parquet column holds.
+FITS = {"INTEGER": {"integer"}, "REAL": {"real", "integer"}, "BLOB": {"blob"}}
+
+logger = logging.getLogger(__name__)
+
+
+def _fitting_types(conn, table: str, cols: list[str], decls: list[str], warn) -> list[str]:
+    """``decls``, but AS_TEXT for a column holding values its Parquet type cannot."""
+    found = ", ".join(f"group_concat(DISTINCT typeof({quote(c)}))" for c in cols)
+    classes = conn.execute(f"SELECT {found} FROM {quote(table)}").fetchone()
+    out = []
+    for col, decl, held in zip(cols, decls, classes, strict=True):
+        held = set((held or "").split(",")) - {"null", ""}
+        fits = FITS.get(decl.upper(), {"text"})
+        if col == "_parsed_at" or held <= fits:
+            out.append(decl)
+            continue
+        out.append(AS_TEXT)
+        warn(
+            f"table {table}, column {col} (declared {decl or 'without a type'}) holds "
+            f"{', '.join(sorted(held))} values: exported as text"
+        )
+    return out
+
+
+def text_value(value: object) -> object:
+    """A stored value as CSV and a Parquet text column write it: a BLOB as hex."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.hex()
+    return repr(value)  # int, float (shortest repr: inf, 0.1)
 
 
 def item_tables(conn: sqlite3.Connection) -> list[tuple[str, int]]:
@@ -45,13 +85,18 @@ def _arrow_type(decl: str, name: str):
 
     if name == "_parsed_at":
         return pa.timestamp("us", tz="UTC")
+    if decl == AS_TEXT:
+        return pa.string()
     return {"INTEGER": pa.int64(), "REAL": pa.float64(), "BLOB": pa.binary()}.get(
         decl.upper(), pa.string()
     )
 
 
-def export_table(data_dir: Path, table: str, fmt: str, output: Path) -> int:
-    """Item table ``table`` as ``fmt`` (written beside ``output``, then renamed)."""
+def export_table(
+    data_dir: Path, table: str, fmt: str, output: Path, warn: Callable[[str], None] | None = None
+) -> int:
+    """Item table ``table`` as ``fmt`` (written beside ``output``, then renamed);
+    ``warn`` gets each warning (default: the log)."""
     if fmt not in TABLE_FORMATS:
         raise ToolError(f"--format {fmt!r}: use one of {', '.join(TABLE_FORMATS)}")
     output = Path(output)
@@ -64,11 +109,14 @@ def export_table(data_dir: Path, table: str, fmt: str, output: Path) -> int:
             raise ToolError(f"--table {table!r}: no such item table (item tables: {known})")
         info = conn.execute(f"PRAGMA table_info({quote(table)})").fetchall()
         cols = [r[1] for r in info]
+        decls = [r[2] for r in info]
+        if fmt == "parquet":
+            decls = _fitting_types(conn, table, cols, decls, warn or logger.warning)
         cur = conn.execute(
             f"SELECT {', '.join(map(quote, cols))} FROM {quote(table)} ORDER BY _key, _seq"
         )
         try:
-            n = _WRITERS[fmt](cur, cols, [r[2] for r in info], tmp)
+            n = _WRITERS[fmt](cur, cols, decls, tmp)
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
@@ -87,7 +135,7 @@ def _csv(cur, cols, decls, tmp) -> int:
         writer = csv.writer(f)
         writer.writerow(cols)
         for rows in _batches(cur):
-            writer.writerows(rows)
+            writer.writerows([[text_value(v) for v in row] for row in rows])
             n += len(rows)
     return n
 
@@ -98,7 +146,7 @@ def _jsonl(cur, cols, decls, tmp) -> int:
         for rows in _batches(cur):
             for row in rows:
                 values = [v.hex() if isinstance(v, bytes) else v for v in row]
-                f.write(json.dumps(dict(zip(cols, values, strict=True)), ensure_ascii=False) + "\n")
+                f.write(json_text(dict(zip(cols, values, strict=True))) + "\n")
             n += len(rows)
     return n
 
@@ -120,7 +168,13 @@ def _parquet(cur, cols, decls, tmp) -> int:
     with pq.ParquetWriter(tmp, schema) as writer:
         for rows in _batches(cur):
             arrays = [
-                pa.array([r[i] for r in rows], type=read.field(i).type) for i in range(len(cols))
+                pa.array(
+                    [text_value(r[i]) for r in rows]
+                    if decls[i] == AS_TEXT
+                    else [r[i] for r in rows],
+                    type=read.field(i).type,
+                )
+                for i in range(len(cols))
             ]
             # ISO 8601 with or without fractions (catalogs written before microseconds).
             arrays[when] = pc.cast(arrays[when], schema.field(when).type)
