@@ -12,6 +12,7 @@ import zlib
 from collections import Counter
 from datetime import UTC, datetime
 
+from scrapy.utils.defer import deferred_f_from_coro_f
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler.reparse.responses import build_response
@@ -20,7 +21,8 @@ from crawler.storage.formats.warc import make_warc_id
 from crawler.storage.records import warc_date
 from crawler.tools.wacz import WaczBuilder
 from tests.checks import catalog_rows, response_records
-from tests.conftest import ROOT, run_crawl, write_urls
+from tests.conftest import ROOT
+from tests.crawls import crawl_site
 from tests.rawserver import RawServer, response
 
 BIN = ROOT / ".venv" / "bin"
@@ -40,10 +42,10 @@ def as_warcio_reads(value: bytes) -> str:
         return value.decode("latin-1")
 
 
-def test_header_bytes_are_stored_as_they_came(tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_header_bytes_are_stored_as_they_came(data_dir):
     server = RawServer({"/h": response(headers=SENT, body=b"<p>body</p>")})
-    urls = write_urls(tmp_path / "u.txt", [server.url("/h")])
-    assert run_crawl(urls, data_dir, "-s", "ROBOTSTXT_OBEY=0").returncode == 0
+    await crawl_site([server.url("/h")], data_dir, {"ROBOTSTXT_OBEY": "0"})
     [row] = catalog_rows(data_dir).values()
     datadir = DataDir(data_dir)
     path = datadir.resolve(row.archive)
@@ -69,10 +71,11 @@ def test_header_bytes_are_stored_as_they_came(tmp_path, data_dir):
     }
 
 
-def test_each_followed_redirect_is_its_own_response_record(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_each_followed_redirect_is_its_own_response_record(site, tmp_path, data_dir):
     base = site.base_url
     listed = [f"{base}/redirect/7", f"{base}/page/7.html", f"{base}/redirect/8"]
-    assert run_crawl(write_urls(tmp_path / "u.txt", listed), data_dir).returncode == 0
+    await crawl_site(listed, data_dir)
     rows = {row.url: row for row in catalog_rows(data_dir).values()}
     # The row stays keyed on the listed URL and points at the final answer.
     assert rows[f"{base}/redirect/7"].final_url == f"{base}/page/7.html"
