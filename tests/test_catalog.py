@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 
 import pytest
@@ -85,6 +86,14 @@ def test_not_a_database_is_a_clear_error(tmp_path):
     path.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(CatalogError, match="not a usable SQLite catalog"):
         Catalog(path)
+
+
+def test_another_programs_sqlite_file_is_a_clear_error_to_a_reader(tmp_path):
+    path = tmp_path / "metadata.db"
+    with contextlib.closing(sqlite3.connect(path)) as other:
+        other.execute("CREATE TABLE artifacts (name TEXT)")  # a name in common, nothing else
+    with pytest.raises(CatalogError, match="not a catalog of this project"):
+        Catalog(path, readonly=True)
 
 
 def test_batches_commit_per_batch_size(tmp_path):
