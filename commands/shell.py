@@ -121,9 +121,9 @@ def close_storage(crawler) -> None:
     from twisted.internet import reactor
     from twisted.internet.threads import blockingCallFromThread
 
-    from middlewares.archive import ArchiveMiddleware
+    from extensions.storage import StorageExtension
 
-    archive = crawler.get_downloader_middleware(ArchiveMiddleware)
-    if archive is not None:
+    storage = StorageExtension.of(crawler)
+    if storage is not None:
         # On the crawler's thread: the catalog connection belongs to it.
-        blockingCallFromThread(reactor, archive.close_storage)
+        blockingCallFromThread(reactor, storage.close)

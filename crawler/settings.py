@@ -85,6 +85,9 @@ ARCHIVE_FORMAT = "warc"
 #   scrapy crawl SPIDER -s HTTPCACHE_ENABLED=1 -s ARCHIVE_ENABLED=0 -s HTTPCACHE_IGNORE_MISSING=1
 #     -s HTTPCACHE_STORAGE=extensions.archive_cache.ArchiveCacheStorage
 ARCHIVE_SHELL = "archive"
+# What becomes of a stored request (skipped, replayed, revalidated) and which answers
+# are stored: a dotted path to a class like extensions.archive_policy.ArchivePolicy.
+ARCHIVE_POLICY = "extensions.archive_policy.ArchivePolicy"
 
 DOWNLOADER_MIDDLEWARES = {
     # Before robots.txt, so a resumed crawl skips stored pages without asking for it.
@@ -128,6 +131,8 @@ ITEM_PIPELINES = {
 }
 
 EXTENSIONS = {
+    # The run's storage: session, action log, counters, summary (ARCHIVE_ENABLED).
+    "extensions.storage.StorageExtension": 100,
     "extensions.progress.ProgressExtension": 500,
     "extensions.stop_signals.StopSignalsExtension": 500,
     "extensions.timer_sweep.TimerSweepExtension": 500,

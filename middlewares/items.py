@@ -24,7 +24,7 @@ from scrapy.exceptions import NotConfigured
 from crawler.storage.catalog import Catalog
 from crawler.storage.errors import StoreError
 from crawler.storage.items import ItemRow, PageItems, parsed_at_now, unparsed_recovered
-from middlewares.archive import CACHED_FLAG, ArchiveMiddleware
+from extensions.storage import CACHED_FLAG, StorageExtension
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,7 @@ class ItemPagesMiddleware:
         # id(item) -> the pages that yielded it and whose item has not left the
         # pipelines yet (a list: one object may be yielded more than once).
         self._owner: dict[int, list[_Page]] = {}
+        self.storage: StorageExtension | None = None
         self.session = None
         self.spider_name = ""
 
@@ -69,8 +70,8 @@ class ItemPagesMiddleware:
 
     def spider_opened(self, spider) -> None:
         self.spider_name = spider.name
-        archive = self.crawler.get_downloader_middleware(ArchiveMiddleware)
-        self.session = archive.session if archive is not None else None
+        self.storage = StorageExtension.of(self.crawler)
+        self.session = self.storage.session if self.storage is not None else None
 
     # -- the callback's output -------------------------------------------------------
 
@@ -145,9 +146,8 @@ class ItemPagesMiddleware:
 
     def log_item_error(self, page: _Page, message: str) -> None:
         """An ``item_error`` line in the action log, for an item of ``page``."""
-        log = self.session.log if self.session is not None else None
-        if log is not None:
-            log.write(page.url, page.key, "item_error", error=message)
+        if self.storage is not None:
+            self.storage.item_error(page.url, page.key, message)
 
     def _maybe_send(self, page: _Page) -> None:
         if not page.exhausted or page.outstanding:
@@ -157,7 +157,7 @@ class ItemPagesMiddleware:
         try:
             self.session.page_items(items)
         except StoreError as exc:
-            # The archive middleware reports the writer's failure and stops the crawl.
+            # The storage extension reports the writer's failure and stops the crawl.
             logger.debug("Items of %s not stored: %s", page.url, exc)
             self.stats.inc_value("items/pages_not_stored")
             return

@@ -3,7 +3,7 @@
 Scrapy's RedirectMiddleware (600) answers a redirect with a new request and drops
 the redirect response. Sitting inside it (610), this middleware sees every response
 first and keeps a redirect on the request's meta (``archive_hops``), which the new
-request inherits; ``ArchiveMiddleware`` hands the chain to the writer with the final
+request inherits; the archive middleware hands the chain to the writer with the final
 answer, and each redirect becomes its own ``response`` record, so that replay tools
 resolve the listed URL (as browsertrix, Heritrix and ``wget --warc-file`` archive
 redirects).
@@ -17,8 +17,8 @@ from scrapy import Request
 from scrapy.exceptions import NotConfigured
 from scrapy.http import Response
 
+from crawler.fetches import HIDDEN_HEADERS, HOPS_META, header_list
 from crawler.storage.records import Hop
-from middlewares.archive import HIDDEN_HEADERS, HOPS_META, header_list
 
 
 class RedirectHopsMiddleware:

@@ -20,7 +20,7 @@ from typing import Any
 
 from scrapy import Request, signals
 
-from middlewares.archive import ArchiveMiddleware
+from extensions.storage import StorageExtension
 
 BATCH = 256
 
@@ -42,7 +42,7 @@ class ResumeSpiderMiddleware:
                 await self.crawler.signals.wait_for(signals.scheduler_empty)
 
     async def _unstored(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        archive = self.crawler.get_downloader_middleware(ArchiveMiddleware)
+        archive = StorageExtension.of(self.crawler)
         if archive is None:
             async for item in start:
                 yield item

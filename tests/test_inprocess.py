@@ -7,7 +7,7 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 
-from middlewares.archive import CACHED_FLAG
+from extensions.storage import CACHED_FLAG
 from tests.conftest import project_settings
 
 

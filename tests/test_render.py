@@ -22,6 +22,7 @@ from scrapy.utils.test import get_crawler
 from warcio.archiveiterator import ArchiveIterator
 
 from addons.render import HANDLER, RenderAddon
+from crawler.fetches import response_fetch
 from crawler.render import (
     DEBIAN_CHROMIUM,
     BrowserNotFoundError,
@@ -34,7 +35,6 @@ from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.formats.warc import FORMAT as WARC
 from crawler.storage.formats.warc import WarcWriter
-from middlewares.archive import response_fetch
 from middlewares.render import RenderMiddleware, browser_proxy
 from tests.checks import actions, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy

@@ -18,7 +18,8 @@ from crawler.storage.store import Store, StoreConfig
 from extensions.archive_cache import ArchiveCacheStorage
 from extensions.dupefilter import SpillingDupeFilter
 from extensions.progress import ProgressExtension
-from middlewares.archive import CACHED_FLAG, ArchiveMiddleware, CachedRequest
+from extensions.storage import CACHED_FLAG, CachedRequest, StorageExtension
+from middlewares.archive import ArchiveMiddleware
 from tests.checks import actions, catalog_rows
 from tests.conftest import project_settings
 from tests.factories import listed_body, listed_fetch
@@ -35,10 +36,14 @@ def stored(data_dir) -> DataDir:
 
 
 def archive_middleware(data_dir, **settings) -> tuple[ArchiveMiddleware, Spider]:
+    """The middleware over its storage extension, as a crawl builds them."""
     crawler = get_crawler(Spider, project_settings(data_dir, **settings))
     spider = Spider.from_crawler(crawler, name="t")
+    storage = StorageExtension.of(crawler)
+    storage.spider_opened(spider)
     mw = ArchiveMiddleware.from_crawler(crawler)
-    mw.spider_opened(spider)
+    mw.crawler = crawler
+    mw.spider_closed = storage.spider_closed
     return mw, spider
 
 
@@ -79,7 +84,7 @@ def test_archive_middleware_drops_or_replays_what_is_stored(stored):
     assert isinstance(replayed, HtmlResponse) and CACHED_FLAG in replayed.flags
     assert replayed.body == listed_body(1)
     start = [Request(f"http://example.org/page/{n}") for n in range(2, 5)]
-    assert [r.url for r in mw.filter_start(start)] == [
+    assert [r.url for r in mw.storage.filter_start(start)] == [
         "http://example.org/page/3",
         "http://example.org/page/4",
     ]
@@ -120,7 +125,10 @@ def test_archive_middleware_revalidates_and_refreshes_on_304(stored):
 
 def test_archive_middleware_is_off_with_archive_enabled_off(data_dir):
     crawler = get_crawler(Spider, project_settings(data_dir, ARCHIVE_ENABLED=False))
+    assert StorageExtension.of(crawler) is None
     with pytest.raises(NotConfigured, match="ARCHIVE_ENABLED"):
+        StorageExtension.from_crawler(crawler)
+    with pytest.raises(NotConfigured):
         ArchiveMiddleware.from_crawler(crawler)
 
 
@@ -228,3 +236,70 @@ async def test_resume_drops_stored_start_requests_before_the_scheduler(site, dat
     assert all(site.counts[f"/page/{n}.html"] == 0 for n in range(40, 46))
     assert crawler.stats.get_value("catalog/cache_hits") == 6
     assert crawler.stats.get_value("scheduler/enqueued") == 4  # the stored six never were
+
+
+def test_no_component_reaches_into_the_archive_middleware():
+    """Components use the storage extension's API; only the settings name the middleware."""
+    import ast
+
+    from tests.conftest import ROOT
+
+    importers = []
+    for folder in ("crawler", "middlewares", "extensions", "pipelines", "commands", "spiders"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                if "middlewares.archive" in names:
+                    importers.append(str(path.relative_to(ROOT)))
+    assert importers == []
+
+
+# -- ArchivePolicy ----------------------------------------------------------------------------
+
+
+def test_archive_policy_decides_what_becomes_of_a_stored_request():
+    from crawler.storage.records import Row
+    from extensions.archive_policy import ArchivePolicy, Decision
+
+    policy = ArchivePolicy(frozenset({200, 404}))
+    assert policy.when_stored({}) is Decision.SKIP
+    assert policy.when_stored({"catalog_replay": True}) is Decision.REPLAY
+    revalidate = {"catalog_revalidate": True}
+    assert policy.when_stored(revalidate) is Decision.REVALIDATE
+    row = Row("k", "u", "u", 200, None, 1, None, None, "t", "a", 0, 1, None)
+    assert policy.when_stored(revalidate, row) is Decision.FETCH  # no validators
+    row.etag = '"e"'
+    assert policy.when_stored(revalidate, row) is Decision.REVALIDATE
+    assert policy.validators(row) == {"If-None-Match": '"e"'}
+    assert policy.should_store(404) and not policy.should_store(500)
+
+
+class ReplayEverything:
+    """A policy of a crawl that parses its stored pages again instead of skipping them."""
+
+    def __init__(self, store_statuses):
+        from extensions.archive_policy import ArchivePolicy
+
+        self.base = ArchivePolicy(store_statuses)
+
+    def __getattr__(self, name):
+        return getattr(self.base, name)
+
+    def when_stored(self, meta, row=None):
+        from extensions.archive_policy import Decision
+
+        return Decision.REPLAY
+
+
+def test_archive_policy_setting_plugs_another_policy(stored):
+    policy = f"{__name__}.ReplayEverything"
+    mw, spider = archive_middleware(stored.root, ARCHIVE_POLICY=policy)
+    start = [Request(f"http://example.org/page/{n}") for n in range(2, 4)]
+    assert len(mw.storage.filter_start(start)) == 2  # nothing skipped
+    replayed = mw.process_request(Request("http://example.org/page/1"))
+    assert replayed.body == listed_body(1) and CACHED_FLAG in replayed.flags
+    mw.spider_closed(spider, "finished")

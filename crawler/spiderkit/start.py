@@ -9,7 +9,7 @@ A resumed crawl of a list of millions spends its time on the URLs it skips. Buil
 a ``scrapy.Request`` for each (its URL escaping alone was half of the cost) and
 passing it through the spider middlewares was most of that time, so the list is read
 in batches here: each line is keyed with the key its request would get, the catalog
-is asked once per batch (``ArchiveMiddleware.skip_stored``, which logs and counts
+is asked once per batch (``StorageExtension.skip_stored``, which logs and counts
 the cache hits), and requests are built only for the rest, marked as checked so that
 the storage middlewares do not look them up again.
 
@@ -88,10 +88,10 @@ async def listed_requests(
     """
     from twisted.internet import reactor  # imported late: Scrapy installs it
 
-    from middlewares.archive import ArchiveMiddleware  # the project's storage side
+    from extensions.storage import StorageExtension  # the project's storage side
 
     crawler = spider.crawler
-    archive = crawler.get_downloader_middleware(ArchiveMiddleware) if skip_stored else None
+    archive = StorageExtension.of(crawler) if skip_stored else None
     batches = urls.batches(batch)
     if thread:
         pending = threads.deferToThread(_next_keyed, batches, shard)

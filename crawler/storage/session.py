@@ -6,13 +6,14 @@ fetch again (``CATALOG_SEEN``), open the action log and have the writer process 
 the store; then look keys up, replay stored records, hand fetches to the writer; at
 the end, drain the writer, release everything and say what the run stored.
 
-``middlewares/archive.py`` is the Scrapy adapter over it; ``scrapy shell`` and the
+``extensions/storage.py`` is the Scrapy adapter over it; ``scrapy shell`` and the
 offline HTTP cache (``extensions/archive_cache.py``) replay through it. No Scrapy here.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from crawler.storage import formats
@@ -25,7 +26,7 @@ from crawler.storage.records import Row, StoredRecord
 from crawler.storage.runlog import append_run
 from crawler.storage.seen import CatalogWithSeen, with_seen
 from crawler.storage.store import Recovery, StoreConfig, recover
-from crawler.storage.writer.client import WriterProcess
+from crawler.storage.writer.client import ReplyWatcher, WriterProcess
 
 logger = logging.getLogger(__name__)
 
@@ -161,10 +162,19 @@ class StorageSession:
 
     # -- life cycle ------------------------------------------------------------------
 
-    def start_writer(self) -> None:
-        """Start the writer process now, so that it loads while the crawl starts up."""
+    def start_writer(self, on_commit: Callable[[], None] | None = None) -> None:
+        """Start the writer process now, so that it loads while the crawl starts up.
+        ``on_commit`` is called after each commit the writer reports, while its
+        replies are read (:meth:`check`, or a reactor watching :meth:`writer_watcher`)."""
         if self.writer is None:
-            self.writer = WriterProcess(queue_bytes=self.config.queue_bytes)
+            self.writer = WriterProcess(queue_bytes=self.config.queue_bytes, on_commit=on_commit)
+
+    def writer_watcher(self, on_readable: Callable[[], None]) -> ReplyWatcher | None:
+        """What an event loop watches to call ``on_readable`` (which calls
+        :meth:`check`) as soon as the writer replies; None with no writer open."""
+        if self.writer is None or self.writer.reply_fd is None:
+            return None
+        return ReplyWatcher(self.writer.reply_fd, on_readable)
 
     def open(self, spider: str = "", settings: dict[str, str] | None = None) -> Recovery:
         """Open everything a crawl writes with; raises StoreError, CatalogError or

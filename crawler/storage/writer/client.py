@@ -12,6 +12,7 @@ import fcntl
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from crawler.storage.errors import StoreError
@@ -38,7 +39,12 @@ class WriterProcess:
     the network.
     """
 
-    def __init__(self, config: StoreConfig | None = None, queue_bytes: int = 1 << 20):
+    def __init__(
+        self,
+        config: StoreConfig | None = None,
+        queue_bytes: int = 1 << 20,
+        on_commit: Callable[[], None] | None = None,
+    ):
         data_read, self._fd = os.pipe()
         reply_read, reply_write = os.pipe()
         # Past the system's limit the default pipe size still works.
@@ -69,6 +75,8 @@ class WriterProcess:
             os.close(data_read)
             os.close(reply_write)
         self._replies = FrameReader(reply_read)
+        # Called for each commit the writer reports (it reports them only then).
+        self.on_commit = on_commit
         self.error: str | None = None
         self.summary: dict | None = None
         self.opened = False
@@ -79,7 +87,7 @@ class WriterProcess:
     def open(self, config: StoreConfig, timeout: float = 120) -> None:
         """Have the process open the store; raises :class:`StoreError` if it cannot."""
         try:
-            send_frame(self._fd, ("open", config))
+            send_frame(self._fd, ("open", config, self.on_commit is not None))
         except OSError:
             self._check()
             raise StoreError("the archive writer process exited before it started") from None
@@ -96,14 +104,21 @@ class WriterProcess:
             raise StoreError(payload)
         self.opened = True
 
+    @property
+    def reply_fd(self) -> int | None:
+        """The pipe the process answers on (readable: call :meth:`check`)."""
+        return self._replies.fd
+
     def _check(self) -> None:
-        if self.error is None and readable(self._replies.fd):
+        while self.error is None and self._replies.fd is not None and readable(self._replies.fd):
             try:
                 kind, payload = self._replies.recv()
             except EOFError:
                 kind, payload = "error", "the archive writer process exited unexpectedly"
             if kind == "error":
                 self.error = payload
+            elif kind == "committed" and self.on_commit is not None:
+                self.on_commit()
         if self.error is not None:
             raise StoreError(self.error)
 
@@ -204,3 +219,30 @@ class WriterProcess:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+class ReplyWatcher:
+    """A writer's reply pipe for an event loop (Twisted's ``IReadDescriptor``:
+    ``reactor.addReader``), which calls ``on_readable`` when the writer has answered."""
+
+    def __init__(self, fd: int, on_readable: Callable[[], None]):
+        self.fd = fd
+        self.on_readable = on_readable
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def doRead(self) -> None:  # noqa: N802 - Twisted's name
+        self.on_readable()
+
+    def connectionLost(self, reason) -> None:  # noqa: N802 - Twisted's name
+        pass
+
+    def logPrefix(self) -> str:  # noqa: N802 - Twisted's name
+        return "archive-writer"
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, ReplyWatcher) and other.fd == self.fd
+
+    def __hash__(self) -> int:
+        return hash(self.fd)

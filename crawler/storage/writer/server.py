@@ -65,7 +65,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
 
     reader = FrameReader(data_fd, ring, read_ahead=READ_AHEAD)
     try:
-        op, config = reader.recv()
+        op, config, report_commits = reader.recv()
     except EOFError:
         return  # the crawl ended before its storage opened
     assert op == "open" and isinstance(config, StoreConfig), op
@@ -79,8 +79,13 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         return
     answer("ready", None)
     idle = IDLE_SLEEP[0]
+    # Rows committed as last reported: the crawl wakes the requests waiting for a row.
+    reported = 0
     try:
         while True:
+            if report_commits and store.batch.committed != reported:
+                reported = store.batch.committed
+                answer("committed", reported)
             # Polled, never waited on: a process asleep on the pipe is woken by every
             # write of the crawl, and on a virtual machine that wake-up cost the
             # crawl's thread more than the rest of sending a message (README).

@@ -1,0 +1,64 @@
+"""What the crawl does with a request whose answer is stored, and which answers it stores.
+
+:class:`ArchivePolicy` is to ``middlewares/archive.py`` what Scrapy's
+``HTTPCACHE_POLICY`` is to its ``HttpCacheMiddleware``: a plain object, chosen by
+the ``ARCHIVE_POLICY`` setting (a dotted path), that the middleware and the storage
+extension ask and never second-guess. It reads request meta and catalog rows and
+touches nothing: no catalog, no archive, no stats.
+
+Request meta keys: ``catalog_replay`` (answer a stored request from the archive: a
+depth crawl needs the links of stored pages) and ``catalog_revalidate`` (or the
+spider attribute ``revalidate``: send it with the stored validators).
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from crawler.storage.records import Row
+
+
+class Decision(Enum):
+    """What becomes of a request."""
+
+    FETCH = "fetch"  # sent, its answer stored
+    SKIP = "skip"  # not sent: logged as a cache hit and dropped
+    REPLAY = "replay"  # answered from the archive
+    REVALIDATE = "revalidate"  # sent with the stored validators; a 304 refreshes the row
+
+
+class ArchivePolicy:
+    """Stored requests are skipped unless their meta asks for a replay or a
+    revalidation; final answers (``CATALOG_STORE_STATUSES``) are stored."""
+
+    def __init__(self, store_statuses: frozenset[int]):
+        self.store_statuses = store_statuses
+        self.revalidate = False
+
+    def spider_opened(self, spider) -> None:
+        self.revalidate = bool(getattr(spider, "revalidate", False))
+
+    def when_stored(self, meta: dict, row: Row | None = None) -> Decision:
+        """The decision for a request whose key is stored: the one place that says a
+        stored URL is skipped. ``row`` is None when a batch lookup only said that the
+        key is present (the request then meets its row in the middleware)."""
+        if meta.get("catalog_revalidate", self.revalidate):
+            if row is not None and not (row.etag or row.last_modified):
+                return Decision.FETCH  # no validators: fetched again
+            return Decision.REVALIDATE
+        if meta.get("catalog_replay"):
+            return Decision.REPLAY
+        return Decision.SKIP
+
+    def validators(self, row: Row) -> dict[str, str]:
+        """The conditional headers that revalidate ``row``."""
+        headers = {}
+        if row.etag:
+            headers["If-None-Match"] = row.etag
+        if row.last_modified:
+            headers["If-Modified-Since"] = row.last_modified
+        return headers
+
+    def should_store(self, status: int) -> bool:
+        """Whether an answer is final and gets a row (others are logged as errors)."""
+        return status in self.store_statuses

@@ -1,0 +1,420 @@
+"""The crawl's storage: :class:`StorageExtension` owns the run's data directory.
+
+It opens the :class:`~crawler.storage.session.StorageSession` when the spider opens
+(lock, repair, catalog, action log, archive writer process; the run's settings to
+``runs.jsonl``) and closes it at the end with its summary; it keeps the counters
+(``actions/<outcome>``, ``archive/stored``...) and adds them to the stats once a
+second; it is the one writer of the action log in the crawl's process, behind one
+failure guard (the writer process logs ``ok`` once a row is committed); and it stops
+the crawl, once, when storing fails.
+
+The other components use its public API, never each other: the downloader
+middleware (``middlewares/archive.py``) looks up, replays and stores through it,
+``middlewares/resume.py`` and ``crawler.spiderkit.start`` skip stored start requests
+in batches (:meth:`StorageExtension.filter_start`, :meth:`StorageExtension.skip_stored`),
+``middlewares/items.py`` reports a page's items, ``scrapy shell`` closes it. What
+becomes of a stored request is the policy's word (``ARCHIVE_POLICY``,
+``extensions/archive_policy.py``).
+
+A request for a key this run is still fetching or storing waits for its row
+(:meth:`StorageExtension.wait_for_row`): the archive writer reports each commit and
+the waiters look again then, so that a URL is fetched once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from scrapy import Request, signals
+from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
+from scrapy.http import Response
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
+from scrapy.utils.misc import build_from_crawler, load_object
+from twisted.internet import defer, task
+
+from crawler import signals as crawler_signals
+from crawler.hub.db import hub_url
+from crawler.reparse.responses import build_response
+from crawler.runsettings import crawl_settings
+from crawler.storage.actionlog import OUTCOMES, Outcome
+from crawler.storage.errors import CatalogError, SettingError, StoreError
+from crawler.storage.keys import request_key
+from crawler.storage.records import Fetch, Row
+from crawler.storage.session import SessionConfig, StorageSession
+from crawler.storage.unsettled import UnsettledKeys
+from extensions.archive_policy import ArchivePolicy, Decision
+
+logger = logging.getLogger(__name__)
+# How often counts kept here reach the stats.
+COUNTS_SECONDS = 1.0
+# Response flag of an answer replayed from the archive.
+CACHED_FLAG = "cached"
+
+
+class CachedRequest(IgnoreRequest):
+    """The request's answer is already stored."""
+
+
+def catalog_key(request: Request) -> str:
+    """The request's catalog key, kept on its meta with the URL it was listed as."""
+    meta = request.meta
+    key = meta.get("catalog_key")
+    if key is None:
+        key = meta["catalog_key"] = request_key(request.url, request.method, request.body)
+        meta["catalog_url"] = request.url
+    return key
+
+
+class StorageExtension:
+    def __init__(self, crawler):
+        if not crawler.settings.getbool("ARCHIVE_ENABLED", True):
+            raise NotConfigured("ARCHIVE_ENABLED is off")
+        self.crawler = crawler
+        self.stats = crawler.stats
+        try:
+            self.config = SessionConfig.from_settings(crawler.settings)
+        except SettingError as exc:
+            # A usage error: `scrapy crawl` prints its one line and exits 2.
+            raise UsageError(str(exc)) from None
+        policy = load_object(crawler.settings.get("ARCHIVE_POLICY") or ArchivePolicy)
+        self.policy: ArchivePolicy = build_from_crawler(policy, crawler, self.config.store_statuses)
+        self.session = StorageSession(self.config)
+        # What runs.jsonl records of this run, as plain text: the storage core takes
+        # no Scrapy settings.
+        self.run_settings = crawl_settings(
+            crawler.settings.copy_to_dict().items(), hub_url(crawler.settings)
+        )
+        # Per-response counts are kept here and added to the stats once a second (and
+        # at the end): Scrapy's stats collector hooks every attribute access, which
+        # cost more per response than counting here (README: Benchmarks).
+        self._counts: dict[str, int] = {}
+        self._pusher = task.LoopingCall(self._push_counts)
+        # Keys fetched or stored by this run but not yet committed, and the requests
+        # waiting for their rows (a commit comes at least every CATALOG_FLUSH_SECONDS).
+        self._unsettled = UnsettledKeys()
+        self._waiting: dict[str, list[defer.Deferred]] = {}
+        self._wake_call = None
+        self._settle_seconds = 2 * self.config.store.flush_seconds + 10
+        self._failed = False
+        self._log_failed = False
+        self.storing = False  # the writer has opened the store
+
+    @classmethod
+    def from_crawler(cls, crawler) -> StorageExtension:
+        ext = cls(crawler)
+        crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
+        crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(ext._on_action_signal, signal=crawler_signals.action)
+        return ext
+
+    @classmethod
+    def of(cls, crawler) -> StorageExtension | None:
+        """The crawl's storage extension (None when ARCHIVE_ENABLED is off)."""
+        try:
+            return crawler.get_extension(cls)
+        except RuntimeError:  # asked before Scrapy built the extensions
+            return None
+
+    # -- life cycle ----------------------------------------------------------------
+
+    def start_writer(self) -> None:
+        """Start the archive writer process, so that it loads while Scrapy starts up
+        (the downloader middleware calls it as the engine is built); it opens the
+        store in spider_opened, once the data directory is recovered."""
+        self.session.start_writer(on_commit=self._committed)
+
+    def spider_opened(self, spider) -> None:
+        self.policy.spider_opened(spider)
+        self.start_writer()
+        datadir = self.session.datadir
+        try:
+            recovery = self.session.open(spider.name, self.run_settings)
+        except (StoreError, CatalogError, OSError) as exc:
+            self._fail(f"cannot open the data directory {datadir.root}: {exc}")
+            return
+        if recovery.indexed_rows:
+            self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
+        self.storing = True
+        self._watch_writer(True)
+        self._pusher.start(COUNTS_SECONDS, now=False)
+        logger.info("Storing in %s (catalog %s)", datadir.root, datadir.catalog_path)
+
+    def spider_closed(self, spider=None, reason: str = "finished") -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drain the writer, commit, release the data directory; log the summary."""
+        if self._pusher.running:
+            self._pusher.stop()
+        self._push_counts()
+        self.storing = False
+        self._watch_writer(False)
+        logger.info("%s", self.outcomes())
+        try:
+            summary = self.session.close()
+        except StoreError as exc:
+            self._fail(f"The archive writer failed: {exc}")
+            summary = None
+        self._wake()  # waiters find no catalog: their requests are fetched
+        if summary:
+            self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
+            # What storing cost besides the crawl's own process (benchmarks read it).
+            self.stats.set_value("archive/writer_cpu_seconds", round(summary["cpu_seconds"], 3))
+            logger.info("%s", self.session.summary(summary).text())
+
+    def outcomes(self) -> str:
+        """The run's outcomes so far, as its end summary says them."""
+        get = self.stats.get_value
+        counts = ", ".join(f"{get(f'actions/{outcome}', 0):,} {outcome}" for outcome in OUTCOMES)
+        total = get("progress/list_total")
+        done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
+        return f"Outcomes of this run: {counts}; listed URLs done: {done}."
+
+    def _fail(self, message: str) -> None:
+        """Log a storage failure once; the crawl stops and exits 1 (``archive/error``)."""
+        if self._failed:
+            return
+        self._failed = True
+        logger.error("%s", message)
+        self.stats.set_value("archive/error", message)
+        engine = self.crawler.engine
+        if engine is not None and engine.spider is not None and engine.running:
+            deferred_from_coro(engine.close_spider_async(reason="storage_error"))
+
+    # -- the action log and the counters -----------------------------------------------
+
+    def _on_action_signal(self, signal=None, sender=None, **kwargs) -> None:
+        self.record_action(**kwargs)
+
+    def record_action(
+        self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
+    ) -> None:
+        """One line of the action log, counted (``actions/<outcome>``)."""
+        self._count(outcome, depth)
+        log = self.session.log
+        if log is not None:
+            self._append(log.write, url, key, outcome, **fields)
+
+    def record(self, request: Request, outcome: Outcome, **fields) -> None:
+        """The final (or retried) outcome of one attempt of ``request``."""
+        crawler_signals.mark_final(request, outcome)
+        self.record_action(outcome=outcome, **self._fields(request, **fields))
+
+    def _cache_hits(self, hits: list[tuple[str, str]]) -> None:
+        """``(url, key)`` of stored requests skipped: logged in one write, counted."""
+        if not hits:
+            return
+        self._append(self.session.log.write_cache_hits, hits)
+        for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
+            self._inc(name, len(hits))
+
+    def _append(self, write, *args, **kwargs) -> None:
+        """The one way to the action log: after a failure (a full disk would fail every
+        write), one message and no more writes."""
+        if self._log_failed:
+            return
+        try:
+            write(*args, **kwargs)
+        except OSError as exc:
+            self._log_failed = True
+            self._fail(
+                f"writing the action log {self.session.datadir.action_log_path} failed: "
+                f"{exc.strerror or exc}; rows committed so far are intact, the next run "
+                "repairs the log and resumes"
+            )
+
+    def _inc(self, name: str, count: int = 1) -> None:
+        counts = self._counts
+        counts[name] = counts.get(name, 0) + count
+
+    def _count(self, outcome: str, depth: int) -> None:
+        self._inc(f"actions/{outcome}")
+        if outcome != Outcome.RETRY and outcome != Outcome.ITEM_ERROR and depth == 0:
+            self._inc("progress/list_done")
+
+    def _push_counts(self) -> None:
+        counts, self._counts = self._counts, {}
+        for name, count in counts.items():
+            self.stats.inc_value(name, count)
+        if self.storing:
+            self._check_writer()
+
+    def _fields(self, request: Request, **fields) -> dict:
+        meta = request.meta
+        if "download_latency" in meta and "elapsed_ms" not in fields:
+            fields["elapsed_ms"] = meta["download_latency"] * 1000
+        if meta.get("proxy_label"):
+            fields["proxy"] = meta["proxy_label"]
+        return {**crawler_signals.attempt_fields(request), **fields}
+
+    # -- stored requests -----------------------------------------------------------------
+
+    def lookup(self, key: str) -> Row | None:
+        return self.session.lookup(key)
+
+    def filter_start(self, requests: list[Request]) -> list[Request]:
+        """Drop the stored ones among a batch of start requests, with one query
+        (those checked already, by ``crawler.spiderkit.start``, pass as they are)."""
+        if self.session.catalog is None:
+            return requests
+        unchecked = [r for r in requests if not r.meta.get("catalog_checked")]
+        if not unchecked:
+            return requests
+        present = self.session.present([catalog_key(r) for r in unchecked])
+        out = []
+        hits = []
+        for request in requests:
+            meta = request.meta
+            if meta.get("catalog_checked"):
+                out.append(request)
+                continue
+            key = meta["catalog_key"]
+            meta["catalog_checked"] = True
+            meta["catalog_cached"] = cached = key in present
+            if cached and self.policy.when_stored(meta) is Decision.SKIP:
+                # The hot path of a resumed crawl: logged and counted once per batch.
+                hits.append((meta.get("catalog_url", request.url), key))
+            else:
+                out.append(request)
+        self._cache_hits(hits)
+        return out
+
+    def skip_stored(self, listed: list[tuple[str, str]]) -> set[str] | None:
+        """Of a batch of listed ``(url, key)`` (the URL and key of the GET request a
+        spider would build), the keys that are stored: logged as cache hits and
+        counted here, so that no request is built for them. None when nothing may be
+        skipped here (no catalog open, or the policy does not skip a plain request):
+        build them all."""
+        if self.session.catalog is None or self.policy.when_stored({}) is not Decision.SKIP:
+            return None
+        present = self.session.present([key for _, key in listed])
+        if present:
+            self._cache_hits([(url, key) for url, key in listed if key in present])
+        return present
+
+    def cache_hit(self, request: Request) -> None:
+        """A stored request skipped or replayed: logged and counted."""
+        self._inc("catalog/cache_hits")
+        self.record(request, Outcome.CACHE_HIT)
+
+    def replay(self, request: Request, row: Row) -> Response | None:
+        """The stored answer to ``request``; None when it cannot be read (counted in
+        ``archive/read_errors``), which callers treat as not stored."""
+        stored = self.session.replay(row)
+        if stored is None:
+            self._inc("archive/read_errors")
+            return None
+        self._inc("archive/replayed")
+        return build_response(stored, request, flags=[CACHED_FLAG])
+
+    # -- keys in flight --------------------------------------------------------------------
+
+    def fetching(self, key: str) -> None:
+        """``key`` is being fetched: a request for it waits for its row."""
+        self._unsettled.fetching(key)
+
+    def in_flight(self, key: str) -> bool:
+        return key in self._unsettled
+
+    async def wait_for_row(self, key: str) -> Row | None:
+        """The row of a key this run is fetching or storing, once the writer commits
+        it; None when its fetch stored nothing, or after a while."""
+        from twisted.internet import reactor
+
+        self._inc("catalog/waits_for_writer")
+        deadline = time.monotonic() + self._settle_seconds
+        row = None
+        while row is None and key in self._unsettled and self.session.catalog is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            woken = defer.Deferred()
+            self._waiting.setdefault(key, []).append(woken)
+            woken.addTimeout(left, reactor)
+            try:
+                await maybe_deferred_to_future(woken)
+            except defer.TimeoutError:
+                break
+            if self.session.catalog is not None:
+                row = self.session.lookup(key)
+        return row
+
+    def _committed(self) -> None:
+        # Called while the writer's replies are read, maybe in the middle of a send:
+        # the waiters run on their own turn of the reactor.
+        if self._waiting and self._wake_call is None:
+            from twisted.internet import reactor
+
+            self._wake_call = reactor.callLater(0, self._wake)
+
+    def _wake(self, key: str | None = None) -> None:
+        """Wake the requests waiting for ``key`` (for every key: after a commit)."""
+        if key is None:
+            self._wake_call = None
+            waiting, self._waiting = self._waiting, {}
+            woken = [d for ds in waiting.values() for d in ds]
+        else:
+            woken = self._waiting.pop(key, [])
+        for d in woken:
+            if not d.called:
+                d.callback(None)
+
+    def _watch_writer(self, on: bool) -> None:
+        """Read the writer's replies (commits, errors) as they come."""
+        from twisted.internet import reactor
+
+        watcher = self.session.writer_watcher(self._check_writer)
+        if watcher is not None:
+            (reactor.addReader if on else reactor.removeReader)(watcher)
+
+    def _check_writer(self) -> None:
+        try:
+            self.session.check()
+        except StoreError as exc:
+            self._watch_writer(False)
+            self._fail(f"The archive writer failed: {exc}")
+
+    # -- storing -------------------------------------------------------------------------
+
+    def store(self, request: Request, fetch: Fetch) -> None:
+        """Hand an answer to the writer; it logs ``ok`` once the row is committed."""
+        size = len(fetch.body)
+        action = self._fields(
+            request, outcome=Outcome.OK, status=fetch.status, bytes=size, ts=time.time()
+        )
+        depth = action.pop("depth")
+        try:
+            self.session.put(fetch, action)
+        except StoreError as exc:
+            self.failed(request, status=fetch.status, error=f"not stored: {exc}")
+            self._fail(str(exc))
+            return
+        crawler_signals.mark_final(request, Outcome.OK)
+        self._unsettled.stored(fetch.key)
+        self._inc("archive/stored")
+        self._inc("archive/stored_bytes", size)
+        self._count(Outcome.OK, depth)
+
+    def refresh(self, request: Request, fetch: Fetch, row: Row | None) -> bool:
+        """A 304 to a revalidation: the row's validators and time refreshed."""
+        try:
+            self.session.touch(fetch, row.fetched_at if row else None)
+        except StoreError as exc:
+            self._fail(str(exc))
+            return False
+        self._inc("catalog/not_modified")
+        self.record(request, Outcome.NOT_MODIFIED, status=304, bytes=0)
+        return True
+
+    def failed(self, request: Request, **fields) -> None:
+        """An attempt that stored nothing: an ``error`` line; a later request for its
+        key fetches it."""
+        key = catalog_key(request)
+        self._unsettled.failed(key)
+        self._wake(key)
+        self.record(request, Outcome.ERROR, **fields)
+
+    def item_error(self, url: str, key: str, message: str) -> None:
+        """An item of a stored page that could not be stored."""
+        self.record_action(url, key, Outcome.ITEM_ERROR, error=message)
