@@ -11,6 +11,7 @@ from pathlib import Path
 from crawler.storage.catalog import COLUMNS
 from crawler.storage.records import Row
 from crawler.tools.scan import ToolError, open_catalog
+from crawler.tools.tmpfiles import temp_path
 
 EXPORT_FORMATS = ("parquet", "csv")
 
@@ -42,7 +43,7 @@ def export_catalog(data_dir: Path, fmt: str, output: Path, batch: int = 50_000) 
         raise ToolError(f"--format {fmt!r}: use one of {', '.join(EXPORT_FORMATS)}")
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp = temp_path(output)
     n = 0
     with open_catalog(data_dir) as catalog:
         rows = catalog.rows("1 ORDER BY key")

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from crawler.storage.items import META_COLUMNS, json_text, quote
 from crawler.tools.scan import ToolError, open_catalog
+from crawler.tools.tmpfiles import temp_path
 
 TABLE_FORMATS = ("parquet", "csv", "jsonl")
 BATCH = 50_000
@@ -101,7 +102,7 @@ def export_table(
         raise ToolError(f"--format {fmt!r}: use one of {', '.join(TABLE_FORMATS)}")
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp = temp_path(output)
     with open_catalog(data_dir) as catalog:
         conn = catalog.conn
         if table not in dict(item_tables(conn)):

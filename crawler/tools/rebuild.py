@@ -14,6 +14,7 @@ from crawler.storage.datadir import DataDir
 from crawler.storage.itemmerge import merge_items_from
 from crawler.storage.records import Row
 from crawler.tools.scan import ToolError, newest_rows, scan_archives
+from crawler.tools.tmpfiles import temp_path
 
 
 @dataclass
@@ -28,9 +29,7 @@ def write_catalog(rows: Iterable[Row], out: Path) -> int:
     """A new catalog at ``out`` (written beside it, then renamed) holding ``rows``."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    for p in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
-        p.unlink(missing_ok=True)
+    tmp = temp_path(out)
     n = 0
     with Catalog(tmp) as catalog, catalog.writer(batch_size=5000) as batch:
         for row in rows:
@@ -83,8 +82,7 @@ def merge_catalogs(inputs: list[Path], output: Path) -> int:
         if Path(path).resolve() == output.resolve():
             raise ToolError(f"{output} is also an input; write the merge to a new file")
         Catalog(path, readonly=True).close()  # exists and has the right schema
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
-    tmp.unlink(missing_ok=True)
+    tmp = temp_path(output)
     with Catalog(tmp) as catalog:
         for path in inputs:
             catalog.merge_from(path)

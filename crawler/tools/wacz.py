@@ -15,6 +15,7 @@ from pathlib import Path
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.tools.scan import ToolError, open_catalog
+from crawler.tools.tmpfiles import temp_path
 
 WACZ_VERSION = "1.1.1"
 
@@ -45,7 +46,7 @@ def write_index(data_dir: Path, output: Path) -> int:
     paths = warc_paths(data_dir)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_name(f".{output.name}.tmp-{os.getpid()}")
+    tmp = temp_path(output)
     with open(tmp, "w", encoding="utf-8") as f:
         write_cdxj(paths, f)
     os.replace(tmp, output)
@@ -130,7 +131,7 @@ class WaczBuilder:
         if not paths:
             raise ToolError(f"no closed WARC files under {DataDir(self.data_dir).archive_dir}")
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        tmp_out = self.output.with_name(f".{self.output.name}.tmp-{os.getpid()}")
+        tmp_out = temp_path(self.output)
         self.resources = []
         try:
             with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(tmp_out, "w") as zf:
