@@ -28,6 +28,7 @@ from tests.faults import committed_rows, wait_for_rows, writer_pid
 from tests.faultserver import RawServer
 from tests.polling import wait_until
 from tests.servers import need
+from tests.thirdparty import assert_every_row_reads_back
 
 SLOW_PAGE = "/slow/987654"
 
@@ -100,6 +101,8 @@ def test_the_next_run_waits_for_the_writer_a_killed_crawl_left_behind(site, tmp_
         os.kill(writer, signal.SIGSTOP)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=60)
+        # Stopped with records in its buffer: what it committed is on disk all the same.
+        assert_every_row_reads_back(data_dir, site)
         unfinished = DataDir(data_dir).open_archives()
         assert unfinished
         log = tmp_path / "second.log"
