@@ -10,12 +10,26 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest_twisted
+import scrapy
 from scrapy.crawler import Crawler, CrawlerRunner
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
 from spiders.site import SiteSpider
 from tests.conftest import project_settings, write_urls
+
+
+class OnePage(scrapy.Spider):
+    """Holds no file open, so that a crawl refused at start leaves nothing open behind."""
+
+    name = "one_page"
+
+    def __init__(self, url: str, **kwargs):
+        super().__init__(**kwargs)
+        self.start_urls = [url]
+
+    def parse(self, response):
+        pass
 
 
 async def crawl(spider_cls, data_dir: Path, settings: dict | None = None, **args) -> Crawler:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import zlib
 
 import pytest
-import scrapy
 from isal import isal_zlib
 from scrapy.exceptions import UsageError
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from tests.checks import assert_rows_readable
 from tests.conftest import run_crawl, write_urls
-from tests.crawls import crawl, crawl_site
+from tests.crawls import OnePage, crawl, crawl_site
 
 COMPRESSORS = {"isal": isal_zlib, "zlib": zlib}
 PATHS = ["page/170.html", "page/171.html", "gzip/172", "binary/173"]
@@ -63,19 +62,6 @@ async def test_each_record_is_compressed_as_the_settings_say(
         assert member == compress(compressor, level, raw)
         if (compressor, level) != ("isal", 1):
             assert member != compress("isal", 1, raw)
-
-
-class OnePage(scrapy.Spider):
-    """Holds no file open, so that a crawl refused at start leaves nothing behind."""
-
-    name = "one_page"
-
-    def __init__(self, url: str, **kwargs):
-        super().__init__(**kwargs)
-        self.start_urls = [url]
-
-    def parse(self, response):
-        pass
 
 
 @pytest.mark.parametrize(

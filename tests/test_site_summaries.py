@@ -6,9 +6,12 @@ import signal
 import sqlite3
 import time
 
+from scrapy.utils.defer import deferred_f_from_coro_f
+
 from tests.checks import catalog_rows
 from tests.cmdline import run_scrapy
-from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
+from tests.conftest import kill_group, start_crawl, write_urls
+from tests.crawls import crawl_site
 
 
 def column(data_dir, sql: str) -> list:
@@ -36,10 +39,10 @@ def pages(site) -> tuple[list[str], list[str]]:
     return html, other
 
 
-def test_a_list_crawl_stores_every_page_and_reparse_summarizes_them(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_a_list_crawl_stores_every_page_and_reparse_summarizes_them(site, data_dir):
     html, other = pages(site)
-    result = run_crawl(write_urls(tmp_path / "urls.txt", html + other), data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl_site(html + other, data_dir)
     assert len(catalog_rows(data_dir)) == len(html + other)
     assert summarized(data_dir) == set()
 
@@ -48,11 +51,10 @@ def test_a_list_crawl_stores_every_page_and_reparse_summarizes_them(site, tmp_pa
     assert summarized(data_dir) == set(html)
 
 
-def test_summaries_at_crawl_time_on_request(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_summaries_at_crawl_time_on_request(site, data_dir):
     html, other = pages(site)
-    url_file = write_urls(tmp_path / "urls.txt", html + other)
-    result = run_crawl(url_file, data_dir, "-a", "summaries=1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl_site(html + other, data_dir, summaries="1")
     assert len(catalog_rows(data_dir)) == len(html + other)
     assert summarized(data_dir) == set(html)
 
@@ -65,7 +67,10 @@ def catalog_keys(data_dir) -> list[str]:
     return column(data_dir, "SELECT key FROM artifacts")
 
 
-def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(
+    site, tmp_path, data_dir, caplog
+):
     """Without summaries no page waits for a report of its items, and no page is
     reported; every committed row still reaches the page log, those a kill -9 left
     to the next run's recovery included, so that a follower parses each page once."""
@@ -89,9 +94,8 @@ def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, t
         kill_group(crawl, signal.SIGKILL)  # the whole tree: the writer too
     assert len(catalog_keys(data_dir)) < len(urls)  # killed mid-crawl
 
-    result = run_crawl(url_file, data_dir, "-s", "LOG_LEVEL=INFO")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "stored records the catalog lacked" in result.stderr
+    await crawl_site(url_file, data_dir)
+    assert "stored records the catalog lacked" in caplog.text
     keys = catalog_keys(data_dir)
     assert len(keys) == len(urls)
     logged = page_log(data_dir)
@@ -105,11 +109,11 @@ def test_a_list_crawl_yields_no_items_yet_logs_every_page_for_a_follower(site, t
     assert sorted(column(data_dir, "SELECT _key FROM page_summary")) == sorted(keys)
 
 
-def test_items_at_crawl_time_stay_on_when_the_command_line_asks(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_items_at_crawl_time_stay_on_when_the_command_line_asks(site, data_dir):
     html, _ = pages(site)
-    url_file = write_urls(tmp_path / "urls.txt", html)
-    result = run_crawl(url_file, data_dir, "-s", "CATALOG_ITEMS_ENABLED=1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    # Set as -s sets it (tests/crawls.py).
+    await crawl_site(html, data_dir, {"CATALOG_ITEMS_ENABLED": "1"})
     assert "_item_pages" in tables(data_dir)  # every page reported, without items
     assert sorted(page_log(data_dir)) == sorted(catalog_keys(data_dir))
     assert summarized(data_dir) == set()

@@ -9,6 +9,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+from scrapy.exceptions import UsageError
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
@@ -20,7 +22,8 @@ from crawler.tools.rebuild import Rebuild
 from crawler.tools.verify import Verify
 from tests.checks import catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import ROOT, kill_group, run_crawl, start_crawl, write_urls
+from tests.conftest import ROOT, kill_group, start_crawl, write_urls
+from tests.crawls import OnePage, crawl, crawl_site
 from tests.events import wait_until
 from tests.factories import page_fetch as fetch
 from tests.thirdparty import assert_every_row_reads_back
@@ -131,19 +134,11 @@ def test_killed_sample_is_repaired(tmp_path):
     assert_zip_rows_readable(tmp_path)
 
 
-def test_crawl_stores_zip_bodies(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_crawl_stores_zip_bodies(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/{k}" for k in ("page/1.html", "gzip/2", "binary/5", "redirect/4")]
-    result = run_crawl(
-        write_urls(tmp_path / "urls.txt", urls),
-        data_dir,
-        "-a",
-        "summaries=1",
-        "-s",
-        "ARCHIVE_FORMAT=zip",
-        "-o",
-        str(tmp_path / "crawl.jsonl"),
-    )
-    assert result.returncode == 0, result.stderr
+    feed = {str(tmp_path / "crawl.jsonl"): {"format": "jsonl"}}  # -o crawl.jsonl
+    await crawl_site(urls, data_dir, {"ARCHIVE_FORMAT": "zip", "FEEDS": feed}, summaries="1")
     rows = assert_zip_rows_readable(data_dir, site)
     assert set(rows_by_url(data_dir)) == set(urls)
     (archive,) = DataDir(data_dir).archives(ZIP)
@@ -162,11 +157,10 @@ def test_crawl_stores_zip_bodies(site, tmp_path, data_dir):
     assert Verify(data_dir).run().ok
 
 
-def test_bad_archive_format_is_refused(site, tmp_path, data_dir):
-    url_file = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/1.html"])
-    result = run_crawl(url_file, data_dir, "-s", "ARCHIVE_FORMAT=tar")
-    assert result.returncode != 0
-    assert "ARCHIVE_FORMAT must be warc or zip" in result.stderr
+@deferred_f_from_coro_f
+async def test_bad_archive_format_is_refused(site, data_dir):
+    with pytest.raises(UsageError, match="ARCHIVE_FORMAT must be warc or zip"):
+        await crawl(OnePage, data_dir, {"ARCHIVE_FORMAT": "tar"}, url=f"{site.base_url}/page/1")
 
 
 def _rows_committed(db: Path) -> int:
@@ -182,7 +176,8 @@ def _rows_committed(db: Path) -> int:
         return 0
 
 
-def test_killed_zip_crawl_is_repaired_and_resumed(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_killed_zip_crawl_is_repaired_and_resumed(site, tmp_path, data_dir, caplog):
     urls = [f"{site.base_url}/slow/{n}?ms=100" for n in range(300, 360)]
     # A request held in flight: the crawl cannot finish before it is killed.
     urls.insert(1, f"{site.base_url}/hold/page/360.html")
@@ -209,9 +204,8 @@ def test_killed_zip_crawl_is_repaired_and_resumed(site, tmp_path, data_dir):
     assert _rows_committed(data_dir / "metadata.db") >= 6, (tmp_path / "crawl.log").read_text()
     assert list((data_dir / "archive").glob("*.zip.writing"))
     assert_every_row_reads_back(data_dir, site)  # as the kill left them, before any repair
-    result = run_crawl(url_file, data_dir, "-s", "ARCHIVE_FORMAT=zip", timeout=300)
-    assert result.returncode == 0, result.stderr
-    assert "left open by a killed run" in result.stderr
+    await crawl_site(url_file, data_dir, {"ARCHIVE_FORMAT": "zip"})
+    assert "left open by a killed run" in caplog.text
     assert not list((data_dir / "archive").glob("*.writing"))
     rows = assert_zip_rows_readable(data_dir, site)
     assert {r.url for r in rows.values()} == set(urls)
