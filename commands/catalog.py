@@ -22,6 +22,7 @@ from pathlib import Path
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.cli import no_crawler_logging, pick_action, tidy_parser
 from crawler.hub import db as hub_db
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
@@ -43,32 +44,42 @@ def _print(lines) -> None:
 
 class Command(ScrapyCommand):
     requires_project = True
+    requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
-        return "stats|verify [--fix]|rebuild|merge A.db B.db -o OUT.db|export|index|wacz OUT.wacz|report"
+        return "<action> [options] [arguments]"
 
     def short_desc(self) -> str:
-        return "Inspect, check, rebuild, merge and export the catalog; CDXJ index and WACZ"
+        return "Catalog stats, checks, rebuild, merge, export, WACZ and report"
 
     def long_desc(self) -> str:
-        return (
-            "stats: rows by status, content type and host; bytes and compression. "
-            "verify: every row's record is readable and matches its digest, and nothing "
-            "stored is missing from the catalog (--fix drops bad rows so their URLs are "
-            "fetched again, and indexes missing records). rebuild: a new catalog from the "
-            "archives alone (default DATA_DIR/metadata.rebuilt.db). merge: one catalog from "
-            "several, the newest fetch winning. export: the catalog as Parquet or CSV, or "
-            "with --table NAME an item table as Parquet, CSV or JSON lines. "
-            "index: a sorted CDXJ of the WARCs. wacz: WARCs + index + pages as a WACZ. "
-            "report: an HTML page of plots (-o report.html; --watch SECONDS rewrites it)."
-        )
+        return """\
+Actions:
+- stats: rows by status, content type and host; bytes and compression
+- verify [--fix] [--yes]: every row's record is readable and matches its
+  digest, and nothing stored is missing from the catalog (--fix drops bad rows
+  so their URLs are fetched again, and indexes missing records)
+- rebuild [-o OUT.db]: a new catalog from the archives alone (default
+  DATA_DIR/metadata.rebuilt.db)
+- merge A.db B.db ... -o OUT.db: one catalog from several, the newest fetch
+  winning
+- export [--format parquet|csv] [-o FILE]: the catalog; with --table NAME an
+  item table as Parquet, CSV or JSON lines (default under DATA_DIR/derived/)
+- index [-o OUT.cdxj]: a sorted CDXJ index of the WARCs
+- wacz OUT.wacz [--title TITLE]: WARCs + index + pages as a WACZ
+- report [-o report.html] [--watch SECONDS]: an HTML page of plots, one section
+  per run (--watch rewrites it every SECONDS)
+
+Exit status: 0 on success, 1 when verify found problems (or rebuild skipped
+unreadable records), 2 for bad arguments."""
 
     def add_options(self, parser) -> None:
         from crawler.tools.export import EXPORT_FORMATS
         from crawler.tools.item_export import TABLE_FORMATS
 
         super().add_options(parser)
+        tidy_parser(parser)
         parser.add_argument("-o", "--output", metavar="FILE", help="where to write the result")
         parser.add_argument("--fix", action="store_true", help="verify: repair what it finds")
         parser.add_argument("--yes", action="store_true", help="verify --fix: do not ask")
@@ -82,9 +93,12 @@ class Command(ScrapyCommand):
         parser.add_argument("--title", help="wacz: the collection's title")
         parser.add_argument("--watch", type=float, metavar="SECONDS", help="report: rewrite it")
 
+    def process_options(self, args, opts) -> None:
+        super().process_options(args, opts)
+        no_crawler_logging(self.settings, self.default_settings["LOG_LEVEL"])
+
     def run(self, args, opts) -> None:
-        if not args or args[0] not in ACTIONS:
-            raise UsageError(f"give an action: {', '.join(ACTIONS)}")
+        pick_action(args, ACTIONS)
         from crawler.tools.scan import ToolError
 
         self.datadir = DataDir.from_settings(self.settings)
@@ -135,7 +149,7 @@ class Command(ScrapyCommand):
         from crawler.tools.rebuild import merge_catalogs
 
         if len(rest) < 2 or not opts.output:
-            raise UsageError("give two or more catalogs and -o OUT.db")
+            raise UsageError("give two or more catalogs and -o OUT.db", print_help=False)
         n = merge_catalogs([Path(p) for p in rest], Path(opts.output))
         print(f"merged {len(rest)} catalogs into {opts.output}: {n:,} rows")
         return 0
@@ -168,7 +182,9 @@ class Command(ScrapyCommand):
 
         target = rest[0] if rest else opts.output
         if not target:
-            raise UsageError("give the WACZ file to write: scrapy catalog wacz OUT.wacz")
+            raise UsageError(
+                "give the WACZ file to write: scrapy catalog wacz OUT.wacz", print_help=False
+            )
         path = WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
         print(f"wrote {path}")
         return 0
@@ -177,7 +193,9 @@ class Command(ScrapyCommand):
         from crawler import report  # imports matplotlib: only for this action
 
         if opts.watch is not None and opts.watch <= 0:
-            raise UsageError("--watch takes the seconds between rewrites, more than 0")
+            raise UsageError(
+                "--watch takes the seconds between rewrites, more than 0", print_help=False
+            )
         output = Path(opts.output or "report.html")
         hub_url = hub_db.hub_url(self.settings)
         shown = report.report_settings(self.settings.copy_to_dict().items(), hub_url)

@@ -14,7 +14,10 @@ import sys
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.exceptions import UsageError
 
+import crawler.settings as project_settings
+from crawler.cli import check_setting_types, tidy_parser
 from crawler.hub import HubError
+from crawler.quietlog import quiet_crawl_log
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +40,45 @@ def exit_status(finish_reason: str | None, storage_error: str | None = None) -> 
 
 class Command(ScrapyCrawlCommand):
     def short_desc(self) -> str:
-        return "Run a spider of the project (exit 0 finished, 75 interrupted, 1 failed)"
+        return "Run a spider of the project; exit 0 done, 75 stopped early"
+
+    def long_desc(self) -> str:
+        return """\
+Run a spider: fetch, store in DATA_DIR, skip what is stored. Run it again to
+resume.
+
+Arguments of the `site` spider (-a NAME=VALUE):
+- urls=FILE: the URL list, one URL a line (- reads standard input); required
+- depth=N: follow links N levels from the listed pages (default 0)
+- summaries=1: yield page summaries at crawl time, into the page_summary table
+- revalidate=1: fetch stored pages again, conditionally (304: unchanged)
+- render=1: render every page in a browser (scrapy-playwright)
+- shard=I/N: only the listed URLs in shard I of N (Slurm array tasks)
+
+Exit status:
+- 0: finished, its whole list handled
+- 75: stopped before that (a signal, a CLOSESPIDER limit): run it again to resume
+- 1: could not start, or storage failed
+- 2: bad arguments or settings, an unknown spider, a hub not reachable at start"""
+
+    def add_options(self, parser) -> None:
+        super().add_options(parser)
+        tidy_parser(parser)
+
+    def process_options(self, args, opts) -> None:
+        super().process_options(args, opts)
+        quiet_crawl_log()
+        check_setting_types(self.settings, [project_settings])
 
     def run(self, args, opts) -> None:
         if len(args) != 1:
-            raise UsageError("give exactly one spider name")
+            raise UsageError("give exactly one spider name", print_help=False)
+        names = self.crawler_process.spider_loader.list()
+        if args[0] not in names:
+            raise UsageError(
+                f"no spider named {args[0]!r}: the project has {', '.join(sorted(names))}",
+                print_help=False,
+            )
         crawler = self._create_crawler(args[0])
         self._usage_error: str | None = None
         started = self.crawler_process.crawl(crawler, **opts.spargs)

@@ -9,6 +9,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.project import get_project_settings
 
+from crawler.cli import pick_action, tidy_parser
 from crawler.hub import Hub, HubError
 from crawler.hub.admin import JobAdmin
 from crawler.hub.db import hub_url
@@ -20,19 +21,21 @@ ACTIONS = ("create", "set", "list", "show")
 
 class Command(ScrapyCommand):
     requires_project = False
+    requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return (
-            "create NAME --spider SPIDER [-s KEY=VALUE ...] [--urls FILE] | "
-            "set NAME KEY=VALUE ... | list | show NAME"
-        )
+        return "create|set|list|show [arguments]"
 
     def short_desc(self) -> str:
-        return "Create, change and show jobs in the hub (HUB_URL) that crawls follow"
+        return "Jobs in the hub (HUB_URL): create, change, show"
 
     def long_desc(self) -> str:
         return (
+            "  scrapy job create NAME --spider SPIDER [-s KEY=VALUE ...] [--urls FILE]\n"
+            "  scrapy job set NAME KEY=VALUE ...\n"
+            "  scrapy job list\n"
+            "  scrapy job show NAME\n\n"
             "A job is a spider, its settings and a work queue, kept in the hub. `create` "
             "stores them (the -s settings are the job's, --urls loads its work queue); "
             "crawls started with -s JOB=NAME (or HUB_JOB=NAME) take the job's settings, "
@@ -43,12 +46,12 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
+        tidy_parser(parser)
         parser.add_argument("--spider", help="the spider the job runs (create)")
         parser.add_argument("--urls", help="a URL list loaded into the job's queue (create)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if not args or args[0] not in ACTIONS:
-            raise UsageError(f"give one of: {', '.join(ACTIONS)}")
+        pick_action(args, ACTIONS)
         action, rest = args[0], args[1:]
         if action == "list" and rest or action in ("create", "show") and len(rest) != 1:
             raise UsageError(f"`job {action}`: see `scrapy job -h` for its arguments")

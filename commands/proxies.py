@@ -8,6 +8,7 @@ import sys
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.cli import pick_action, tidy_parser
 from crawler.hub import Hub, HubError, ProxyPool
 from crawler.hub.admin import ProxyAdmin
 from crawler.hub.db import hub_url
@@ -17,16 +18,22 @@ ACTIONS = ("add", "import", "list", "disable", "enable", "stats")
 
 class Command(ScrapyCommand):
     requires_project = False
+    requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "add URL... | import FILE | list | disable URL | enable URL | stats"
+        return "add|import|list|disable|enable|stats [arguments]"
 
     def short_desc(self) -> str:
         return "Manage the shared proxy pool in the hub (HUB_URL)"
 
     def long_desc(self) -> str:
         return (
+            "  scrapy proxies add URL ...\n"
+            "  scrapy proxies import FILE\n"
+            "  scrapy proxies list\n"
+            "  scrapy proxies disable|enable ID|URL\n"
+            "  scrapy proxies stats\n\n"
             "Manage the proxies that crawls lease from the hub named by the HUB_URL setting "
             "or environment variable. URLs are shown with their passwords as ***. "
             "disable/enable take an id or a URL as `list` shows it."
@@ -34,10 +41,10 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
+        tidy_parser(parser)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if not args or args[0] not in ACTIONS:
-            raise UsageError(f"give one of: {', '.join(ACTIONS)}")
+        pick_action(args, ACTIONS)
         action, rest = args[0], args[1:]
         expected = {"add": None, "import": 1, "list": 0, "disable": 1, "enable": 1, "stats": 0}
         want = expected[action]

@@ -8,6 +8,7 @@ import sys
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
+from crawler.cli import pick_action, tidy_parser
 from crawler.hub import Hub, HubError
 from crawler.hub.admin import QueueAdmin
 from crawler.hub.db import hub_url
@@ -17,16 +18,20 @@ ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
 
 class Command(ScrapyCommand):
     requires_project = False
+    requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "load NAME URLS|- | status NAME | stats NAME"
+        return "load|status|stats NAME [URLS|-]"
 
     def short_desc(self) -> str:
-        return "Load a URL list into a work queue of the hub (HUB_URL), or show its progress"
+        return "Load a URL list into a hub work queue (HUB_URL); show progress"
 
     def long_desc(self) -> str:
         return (
+            "  scrapy queue load NAME URLS|-\n"
+            "  scrapy queue status NAME\n"
+            "  scrapy queue stats NAME\n\n"
             "Work queues feed the Slurm queue mode (slurm/submit --queue): tasks lease "
             "batches of URLs from them. `load` adds a URL list (one URL a line, - for "
             "standard input) to the queue NAME, created if new; loading the same list "
@@ -38,10 +43,10 @@ class Command(ScrapyCommand):
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
+        tidy_parser(parser)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
-        if not args or args[0] not in ARGUMENTS:
-            raise UsageError(f"give one of: {', '.join(ARGUMENTS)}")
+        pick_action(args, list(ARGUMENTS))
         action, rest = args[0], args[1:]
         if len(rest) != ARGUMENTS[action]:
             raise UsageError(f"`queue {action}` takes {ARGUMENTS[action]} argument(s)")

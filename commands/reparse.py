@@ -15,31 +15,37 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
+from crawler.cli import no_crawler_logging, tidy_parser
+
 if TYPE_CHECKING:
     from crawler.reparse.plan import ReparseConfig
 
 
 class Command(ScrapyCommand):
     requires_project = True
+    requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_LEVEL": "WARNING"}
 
     def syntax(self) -> str:
         return "[options] <spider>"
 
     def short_desc(self) -> str:
-        return "Run a spider's callback over stored responses (no network), on every core"
+        return "Run a spider's callback over stored pages (no network)"
 
     def long_desc(self) -> str:
         return (
             "Rebuild each stored response selected from the catalog and run the spider's "
-            "callback on it. Items replace each page's items of the spider in the item "
-            "tables of the catalog database, or go to -o FILE (jsonl, json, csv, xml or "
-            "parquet, from the extension) instead. Nothing is fetched: requests the callback yields are counted "
-            "and dropped. Exit status 1 when records were skipped or callbacks raised."
+            "callback on it, in parallel on every core. Items replace each page's items "
+            "of the spider in the item tables of the catalog database, or go to -o FILE "
+            "(jsonl, json, csv, xml or parquet, from the extension) instead. Nothing is "
+            "fetched: requests the callback yields are counted and dropped.\n\n"
+            "Exit status: 0 when every selected record was parsed, 1 when records were "
+            "skipped or callbacks raised, 2 for bad arguments."
         )
 
     def add_options(self, parser) -> None:
         super().add_options(parser)
+        tidy_parser(parser)
         parser.add_argument(
             "--archive",
             metavar="GLOB",
@@ -75,8 +81,8 @@ class Command(ScrapyCommand):
         parser.add_argument(
             "--items-db",
             metavar="FILE",
-            help="--follow over a Slurm DATA/ (DATA_DIR with catalogs/): the database the "
-            "items and the position in each shipped catalog go to (default "
+            help="--follow over a Slurm DATA/ (a DATA_DIR with catalogs/), the database "
+            "the items and the position in each shipped catalog go to (default "
             "DATA_DIR/derived/items.db)",
         )
         parser.add_argument(
@@ -90,6 +96,7 @@ class Command(ScrapyCommand):
 
     def process_options(self, args, opts) -> None:
         super().process_options(args, opts)
+        no_crawler_logging(self.settings, self.default_settings["LOG_LEVEL"])
         try:
             opts.spargs = arglist_to_dict(opts.spargs)
         except ValueError:
@@ -105,7 +112,7 @@ class Command(ScrapyCommand):
         from crawler.storage.errors import CatalogError
 
         if len(args) != 1:
-            raise UsageError("give exactly one spider name")
+            raise UsageError("give exactly one spider name", print_help=False)
         if opts.output:
             try:
                 check_output(opts.output)

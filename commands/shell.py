@@ -17,6 +17,8 @@ import sys
 from scrapy.commands.shell import Command as ScrapyShellCommand
 from scrapy.exceptions import UsageError
 
+from crawler.cli import tidy_parser
+from crawler.quietlog import quiet_crawl_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.keys import request_key
@@ -57,13 +59,19 @@ def shell_settings(settings, data_dir_free: bool = True) -> dict:
 
 class Command(ScrapyShellCommand):
     def short_desc(self) -> str:
-        return "Interactive console; stored URLs are answered from the archive (ARCHIVE_SHELL)"
+        return "Console; stored URLs answered from the archive (ARCHIVE_SHELL)"
 
     def long_desc(self) -> str:
-        return super().long_desc() + " " + __doc__.split("\n\n", 1)[1].replace("\n", " ")
+        modes = __doc__.split("\n\n", 1)[1].replace("``", "`")
+        return super().long_desc() + "\n\n" + modes
+
+    def add_options(self, parser) -> None:
+        super().add_options(parser)
+        tidy_parser(parser)
 
     def process_options(self, args, opts) -> None:
         super().process_options(args, opts)
+        quiet_crawl_log()
         datadir = DataDir.from_settings(self.settings)
         free = datadir.is_free()
         if not free and (self.settings.get("ARCHIVE_SHELL") or "archive") == "archive":

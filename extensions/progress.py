@@ -35,7 +35,10 @@ class ProgressExtension:
     def __init__(self, crawler):
         self.interval = crawler.settings.getfloat("PROGRESS_INTERVAL")
         if self.interval <= 0:
-            raise NotConfigured("PROGRESS_INTERVAL is 0")
+            # Off on purpose (the shell, benchmarks): Scrapy would log a WARNING for a
+            # NotConfigured with a message.
+            logger.debug("No progress lines: PROGRESS_INTERVAL is 0")
+            raise NotConfigured
         self.stats = crawler.stats
         self._task: task.LoopingCall | None = None
         self._last = (time.monotonic(), 0, 0)

@@ -11,8 +11,8 @@ from pathlib import Path
 from tests.conftest import ROOT, crawl_env
 
 
-def run_scrapy(*args: str, timeout: float = 300, pythonpath: list[Path] = (), input=None):
-    env = crawl_env()
+def run_scrapy(*args: str, timeout: float = 300, pythonpath: list[Path] = (), input=None, env=None):
+    env = {**crawl_env(), **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *map(str, pythonpath)])
     return subprocess.run(
         [sys.executable, "-m", "scrapy", *args],
