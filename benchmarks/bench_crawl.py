@@ -59,7 +59,7 @@ WORDS = [
 COMMON = [
     "-s", "AUTOTHROTTLE_ENABLED=0",
     "-s", "ROBOTSTXT_OBEY=0",
-    "-s", "LOG_LEVEL=INFO",
+    "-s", "LOG_LEVEL=INFO", "-s", "LOG_QUIET=0",  # the stats dump is read
     "-s", "LOGSTATS_INTERVAL=0",
     "-s", "PROGRESS_INTERVAL=0",
     "-s", "CONCURRENT_REQUESTS=16",

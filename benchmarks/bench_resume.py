@@ -36,7 +36,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = [
-    "-s", "LOG_LEVEL=INFO",
+    "-s", "LOG_LEVEL=INFO", "-s", "LOG_QUIET=0",  # the stats dump is read
     "-s", "LOGSTATS_INTERVAL=0",
     "-s", "PROGRESS_INTERVAL=0",
     "-s", "ROBOTSTXT_OBEY=0",

@@ -67,7 +67,7 @@ Exit status:
 
     def process_options(self, args, opts) -> None:
         super().process_options(args, opts)
-        quiet_crawl_log()
+        quiet_crawl_log(self.settings.getbool("LOG_QUIET"))
         check_setting_types(self.settings, [project_settings])
 
     def run(self, args, opts) -> None:

@@ -71,7 +71,7 @@ class Command(ScrapyShellCommand):
 
     def process_options(self, args, opts) -> None:
         super().process_options(args, opts)
-        quiet_crawl_log()
+        quiet_crawl_log(self.settings.getbool("LOG_QUIET"))
         datadir = DataDir.from_settings(self.settings)
         free = datadir.is_free()
         if not free and (self.settings.get("ARCHIVE_SHELL") or "archive") == "archive":

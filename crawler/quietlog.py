@@ -101,9 +101,10 @@ class ProblemLines(logging.Filter):
             _demote(record)
 
 
-def quiet_crawl_log() -> None:
-    """Install the filters (once per process: commands run once)."""
-    for name, prefixes in DEMOTED.items():
+def quiet_crawl_log(quiet: bool = True) -> None:
+    """Install the filters (once per process: commands run once); with *quiet* False
+    (``LOG_QUIET``), only the one line per failed download."""
+    for name, prefixes in DEMOTED.items() if quiet else ():
         logger = logging.getLogger(name)
         if not any(isinstance(f, DemoteFilter) for f in logger.filters):
             also = _off_by_default if name == "scrapy.middleware" else (lambda record: False)

@@ -49,6 +49,9 @@ TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.
 REMOTE_CONTROL_ENABLED = False
 LOG_LEVEL = "INFO"
+# At INFO a crawl logs its start, progress, problem URLs and summary; Scrapy's banner,
+# component lists and stats dump go to DEBUG. False: Scrapy's own INFO lines as well.
+LOG_QUIET = True
 
 # --- Storage -----------------------------------------------------------------------
 DATA_DIR = "data"

@@ -559,14 +559,18 @@ class ProxyLeaseMiddleware:
         retries = request.meta.get("proxy_ban_retries", 0)
         limit = request.meta.get("max_proxy_ban_retries", self.config.max_ban_retries)
         if retries >= limit:
-            self.stats.inc_value("proxy/ban_retries_exhausted")
-            logger.warning(
-                "Gave up retrying %s through another proxy after %d ban(s) "
-                "(PROXY_MAX_BAN_RETRIES=%d)",
-                request,
-                retries + 1,
-                limit,
-            )
+            # Scrapy's retries of this request copy its meta: they are banned again and
+            # end here again, for the same URL; said once.
+            if not request.meta.get("proxy_ban_gave_up"):
+                request.meta["proxy_ban_gave_up"] = True
+                self.stats.inc_value("proxy/ban_retries_exhausted")
+                logger.warning(
+                    "Gave up retrying %s through another proxy after %d ban(s) "
+                    "(PROXY_MAX_BAN_RETRIES=%d)",
+                    request,
+                    retries + 1,
+                    limit,
+                )
             return None
         retry = request.replace(dont_filter=True)
         retry.meta["proxy_ban_retries"] = retries + 1

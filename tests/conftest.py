@@ -61,6 +61,9 @@ def crawl_command(urls: str | Path, data_dir: Path, *args: str, spider: str = "s
         "AUTOTHROTTLE_ENABLED=0",
         "-s",
         "LOG_LEVEL=INFO",
+        # Tests read counters in Scrapy's stats dump, logged at INFO only then.
+        "-s",
+        "LOG_QUIET=0",
         *args,
     ]
 

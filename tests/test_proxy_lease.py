@@ -261,6 +261,25 @@ class FaultySpider(Spider):
 
 
 @pytest_twisted.inlineCallbacks
+def test_giving_up_on_proxies_is_said_once_per_url(tmp_path, caplog):
+    mw, crawler, url = make_middleware(tmp_path, PROXY_ROTATE_EVERY=10, PROXY_MAX_BAN_RETRIES=0)
+    try:
+        first = yield deferred_from_coro(_send(mw, "http://example.com/1"))
+        assert mw.process_exception(first, txerror.ConnectionRefusedError()) is None
+        # Scrapy's RetryMiddleware retries the failure with a copy of the request (its
+        # meta too), which the second proxy's ban ends the same way.
+        again = first.copy()
+        yield deferred_from_coro(mw.process_request(again))
+        assert mw.process_exception(again, txerror.ConnectionRefusedError()) is None
+        assert crawler.stats.get_value("proxy/bans") == 2
+        assert crawler.stats.get_value("proxy/ban_retries_exhausted") == 1
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+    said = [r for r in caplog.records if r.getMessage().startswith("Gave up retrying")]
+    assert len(said) == 1, [r.getMessage() for r in said]
+
+
+@pytest_twisted.inlineCallbacks
 def test_a_failing_ban_verdict_still_ends_the_attempt(tmp_path):
     mw, crawler, url = make_middleware(tmp_path, FaultySpider, PROXY_ROTATE_EVERY=1)
     try:

@@ -32,6 +32,8 @@ def test_a_demo_crawl_with_failing_pages_prints_one_line_per_problem(site, tmp_p
         "-a",
         "depth=1",
         "-s",
+        "LOG_QUIET=1",  # as by default (the tests' crawls turn it off)
+        "-s",
         "PROGRESS_INTERVAL=1",
         "-s",
         "DOWNLOAD_MAXSIZE=6000",
