@@ -6,9 +6,12 @@ import os
 import socket
 
 import pytest
+from scrapy.exceptions import UsageError
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from tests.checks import catalog_rows
 from tests.conftest import crawl_env, run_crawl, write_urls
+from tests.crawls import OnePage, crawl, crawl_site
 from tests.rawserver import RawServer, response
 from tests.servers import need
 
@@ -63,6 +66,25 @@ def test_a_cookie_makes_no_connection_outside_the_crawl(tmp_path, data_dir):
         ("ARCHIVE_FORMAT=tar", "ARCHIVE_FORMAT"),
         ("ARCHIVE_COMPRESSOR=bz2", "ARCHIVE_COMPRESSOR"),
         ("ARCHIVE_GZIP_LEVEL=99", "ARCHIVE_GZIP_LEVEL"),
+    ],
+)
+@deferred_f_from_coro_f
+async def test_a_bad_setting_is_a_usage_error_naming_it(data_dir, setting, named):
+    """A usage error is what ``scrapy crawl`` prints as one line and exits 2 for
+    (the test below, which also has the bad hub URLs: refused as the engine is built,
+    after the archive writer process started, which only the process's end stops)."""
+    name, value = setting.split("=", 1)
+    with pytest.raises(UsageError) as refused:
+        await crawl(OnePage, data_dir, {name: value}, url="http://127.0.0.1:9/")
+    message = str(refused.value)
+    assert named in message and "\n" not in message
+    assert "secret" not in message
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("CATALOG_BATCH_SIZE=abc", "CATALOG_BATCH_SIZE"),
         ("HUB_URL=bogus://hub", "HUB_URL"),
         ("HUB_URL=postgresql://me:secret@[db:5432/crawl", "HUB_URL"),
     ],
@@ -86,13 +108,12 @@ def _ipv6_loopback() -> bool:
     return True
 
 
-def test_an_ipv6_literal_is_fetched(tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_an_ipv6_literal_is_fetched(data_dir):
     if not _ipv6_loopback():
         need("this machine has no IPv6 loopback (::1)")
     server = RawServer({"/six": response(body=b"over IPv6")}, host="::1")
-    urls = write_urls(tmp_path / "u.txt", [server.url("/six")])
-    result = run_crawl(urls, data_dir, "-s", "ROBOTSTXT_OBEY=0")
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl_site([server.url("/six")], data_dir, {"ROBOTSTXT_OBEY": "0"})
     assert server.counts["/six"] == 1
     [row] = catalog_rows(data_dir).values()
     assert (row.url, row.status) == (server.url("/six"), 200)
