@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench lint docs clean
 
 install: $(STAMP)
 
@@ -24,9 +24,13 @@ test: install
 bench: install
 	$(BIN)/python -m benchmarks.run
 
+# The documentation site (docs/, mkdocs.yml) into site/; warnings are errors, as in CI.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) demo-data bench-data
+	rm -rf $(VENV) demo-data bench-data site

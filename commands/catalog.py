@@ -68,8 +68,8 @@ Actions:
   item table as Parquet, CSV or JSON lines (default under DATA_DIR/derived/)
 - index [-o OUT.cdxj]: a sorted CDXJ index of the WARCs
 - wacz OUT.wacz [--title TITLE]: WARCs + index + pages as a WACZ
-- report [-o report.html] [--watch SECONDS]: an HTML page of plots, one section
-  per run (--watch rewrites it every SECONDS)
+- report [-o FILE] [--watch SECONDS]: an HTML page of plots, one section per
+  run (default DATA_DIR/derived/report.html; --watch rewrites it every SECONDS)
 
 Exit status: 0 on success, 1 when verify found problems (or rebuild skipped
 unreadable records), 2 for bad arguments."""
@@ -196,7 +196,7 @@ unreadable records), 2 for bad arguments."""
             raise UsageError(
                 "--watch takes the seconds between rewrites, more than 0", print_help=False
             )
-        output = Path(opts.output or "report.html")
+        output = Path(opts.output or self.datadir.derived_dir / "report.html")
         hub_url = hub_db.hub_url(self.settings)
         shown = report.report_settings(self.settings.copy_to_dict().items(), hub_url)
         builder = report.ReportBuilder(self.data_dir, hub_url, shown)

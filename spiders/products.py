@@ -1,7 +1,7 @@
 """The ``products`` spider: a worked example of a parser for one page type.
 
     scrapy crawl products -a urls=product_urls.txt      # fetch and parse
-    scrapy reparse products -o derived/products.jsonl   # parse again from the archive
+    scrapy reparse products -o data/derived/products.jsonl   # parse again from the archive
 
 Write your own the same way: a spider whose callback turns a response into items with
 parsel selectors (``response.css`` / ``response.xpath``). The crawl stores every
