@@ -7,7 +7,12 @@ import sqlite3
 import subprocess
 import sys
 
-from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from crawler.tools.item_export import export_table
+from tests.conftest import ROOT, crawl_env, write_urls
+from tests.crawls import crawl, crawl_site
+from tests.item_spiders import ItemsSpider
 from tests.test_items_crash import TABLES
 
 MODULES = ("-s", "SPIDER_MODULES=spiders,tests.item_spiders")
@@ -41,11 +46,13 @@ def dump(data_dir) -> dict[str, list[tuple]]:
     return out
 
 
-def test_reparse_twice_gives_the_same_tables_and_a_fix_replaces_items(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_reparse_twice_gives_the_same_tables_and_a_fix_replaces_items(
+    site, tmp_path, data_dir
+):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(40)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
-    result = run_crawl(url_file, data_dir, *MODULES, spider="items")
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl(ItemsSpider, data_dir, urls=str(url_file))
     crawled = dump(data_dir)
     assert len(crawled["link_out"]) > 40
 
@@ -83,13 +90,13 @@ def catalog(data_dir, *args):
     return result.stdout
 
 
-def test_item_tables_are_listed_and_exported_with_their_types(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_item_tables_are_listed_and_exported_with_their_types(site, tmp_path, data_dir):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     urls = [f"{site.base_url}/page/{n}.html" for n in range(6)]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir, *MODULES, spider="items")
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl(ItemsSpider, data_dir, urls=str(write_urls(tmp_path / "urls.txt", urls)))
     stats = catalog(data_dir, "stats")
     for table, rows in (("page_item", 6), ("items", 6), ("pages_by_url", 6)):
         assert any(line.split()[:2] == [table, str(rows)] for line in stats.splitlines()), stats
@@ -103,21 +110,20 @@ def test_item_tables_are_listed_and_exported_with_their_types(site, tmp_path, da
     assert pa.types.is_timestamp(table.schema.field("_parsed_at").type)
     assert sorted(table.column("url").to_pylist()) == sorted(urls)
 
+    # The other formats through what the command calls.
     for fmt in ("csv", "jsonl"):
         out = tmp_path / f"items.{fmt}"
-        catalog(data_dir, "export", "--table", "items", "--format", fmt, "-o", str(out))
+        assert export_table(data_dir, "items", fmt, out) == 6
         assert len(out.read_text().splitlines()) == 6 + (fmt == "csv")
 
 
-def test_pages_answered_from_the_archive_replace_their_items(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_pages_answered_from_the_archive_replace_their_items(site, data_dir):
     starts = [f"{site.base_url}/page/{n}.html" for n in range(3)]
-    url_file = write_urls(tmp_path / "urls.txt", starts)
-    result = run_crawl(url_file, data_dir, "-a", "depth=1", "-a", "summaries=1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl_site(starts, data_dir, depth="1", summaries="1")
     first = dump_table(data_dir, "page_summary")
     before = parsed_at(data_dir, starts)
-    result = run_crawl(url_file, data_dir, "-a", "depth=1", "-a", "summaries=1")
-    assert result.returncode == 0, result.stderr[-3000:]
+    await crawl_site(starts, data_dir, depth="1", summaries="1")
     # The start pages were answered from the archive and parsed again: their items
     # replaced (newer), none added.
     after = parsed_at(data_dir, starts)
