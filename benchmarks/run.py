@@ -19,6 +19,10 @@ SECTIONS = [
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),
     ("Re-parse and random access", "benchmarks.bench_reparse"),
+    (
+        "Re-parse against a plain loop calling the parser (3,000 pages, whole processes)",
+        "benchmarks.bench_reparse_loop",
+    ),
     ("JS rendering (Chromium, 200 pages)", "benchmarks.bench_render"),
     ("Crawl report from a 1,000,000-line action log", "benchmarks.bench_report"),
     ("Item tables: writer, pipeline, --follow", "benchmarks.bench_items"),

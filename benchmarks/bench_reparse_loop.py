@@ -1,0 +1,204 @@
+"""Re-parse against the parser's own speed: whole processes, alternating, in one run.
+
+    python -m benchmarks.bench_reparse_loop [--pages 3000] [--rounds 3] [--case NAME ...]
+
+Over a corpus of ``--pages`` stored product pages of ~50 KB (built once by
+``benchmarks.bench_reparse``), each round runs, one after the other:
+
+- ``loop``: the plain loop (``benchmarks.parse_loop``): FastWARC reads every record in
+  file order, an ``HtmlResponse`` is built, ``parse_product`` called, items kept;
+- ``scrapy reparse products`` with one worker and with every core, into the item
+  tables and into ``-o items.parquet``;
+- ``scrapy reparse products --follow --until-idle 0`` catching up a backlog of every
+  page (its position reset before each run), with one worker and with every core.
+
+Each is a whole process (start-up included) timed from outside; its CPU time is that
+of the whole process tree. A case's ratio is its pages/s over the loop's of the same
+round (times the number of workers for several: the target is ``>= 0.90``); ``cpu``
+is the loop's CPU seconds over the case's, which shows what the machinery costs
+whatever else the machine runs. ``scaling`` is every core against cores x one worker.
+On a shared machine the load average printed with each round says how far the wall
+figures can be trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from benchmarks.bench_reparse import build_corpus
+from crawler.storage.datadir import DataDir
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = 3000
+
+
+@dataclass
+class Case:
+    name: str
+    workers: int  # 0: the plain loop
+    args: list[str] = field(default_factory=list)
+    follow: bool = False
+    output: bool = False
+    rates: list[float] = field(default_factory=list)
+    cpus: list[float] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)
+    cpu_ratios: list[float] = field(default_factory=list)
+
+
+def cases(cores: int) -> list[Case]:
+    found = [
+        Case("loop", 0),
+        Case("reparse 1 worker, item tables", 1),
+        Case("reparse 1 worker, -o parquet", 1, output=True),
+        Case("reparse --follow 1 worker", 1, follow=True),
+    ]
+    if cores > 1:
+        found += [
+            Case(f"reparse {cores} workers, item tables", cores),
+            Case(f"reparse {cores} workers, -o parquet", cores, output=True),
+            Case(f"reparse --follow {cores} workers", cores, follow=True),
+        ]
+    return found
+
+
+def command(case: Case, data: Path, out: Path) -> list[str]:
+    if not case.workers:
+        return [sys.executable, "-m", "benchmarks.parse_loop", str(data)]
+    cmd = [sys.executable, "-m", "scrapy", "reparse", "products", "--workers", str(case.workers)]
+    cmd += ["-s", f"DATA_DIR={data}"]
+    if case.output:
+        cmd += ["-o", str(out / "items.parquet")]
+    if case.follow:
+        cmd += ["--follow", "--until-idle", "0"]
+    return cmd
+
+
+def reset_follow(data: Path) -> None:
+    # No such table before the first follower ran.
+    with sqlite3.connect(DataDir(data).catalog_path) as conn, suppress(sqlite3.OperationalError):
+        conn.execute("DELETE FROM _follow_progress")
+
+
+def run_case(case: Case, data: Path, out: Path) -> tuple[float, float]:
+    """(seconds, CPU seconds) of one whole run."""
+    if case.follow:
+        reset_follow(data)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run(command(case, data, out), cwd=ROOT, env=env, capture_output=True)
+    seconds = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise RuntimeError(f"{case.name}: exit {proc.returncode}: {proc.stderr.decode()[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return seconds, cpu
+
+
+def items_stored(data: Path) -> int:
+    with sqlite3.connect(DataDir(data).catalog_path) as conn:
+        try:
+            return conn.execute("SELECT count(*) FROM _item_pages").fetchone()[0]
+        except sqlite3.OperationalError:
+            return 0
+
+
+def run(
+    pages: int = PAGES,
+    rounds: int = 3,
+    data: Path | None = None,
+    only: list[str] | None = None,
+    echo: bool = False,
+) -> list[str]:
+    data = data or ROOT / "bench-data" / f"reparse-{pages}"
+    build_corpus(data, pages)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    todo = [c for c in cases(cores or 1) if not only or c.workers == 0 or c.name in only]
+    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if echo:
+            print(line, flush=True)
+
+    say(f"{pages:,} stored product pages of ~50 KB; {cores} cores; {rounds} rounds")
+    try:
+        if items_stored(data) != pages:
+            # Every timed run into the item tables then replaces stored items, as a
+            # re-parse after a parser fix does.
+            run_case(todo[1] if len(todo) > 1 else cases(1)[1], data, out)
+        for n in range(rounds):
+            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+            say(f"round {n + 1} (load average at its start: {load}):")
+            # Alternating: the loop first, then last, the cases in reverse order.
+            order = todo if n % 2 == 0 else [*reversed(todo[1:]), todo[0]]
+            for case in order:
+                seconds, cpu = run_case(case, data, out)
+                case.rates.append(pages / seconds)
+                case.cpus.append(cpu)
+            loop = todo[0]
+            for case in todo:
+                line = f"  {case.name}: {case.rates[-1]:,.0f} pages/s, {case.cpus[-1]:.1f} s CPU"
+                if case.workers:
+                    case.ratios.append(case.rates[-1] / (loop.rates[-1] * case.workers))
+                    case.cpu_ratios.append(loop.cpus[-1] / case.cpus[-1])
+                    line += f" (ratio {case.ratios[-1]:.2f}, cpu {case.cpu_ratios[-1]:.2f})"
+                say(line)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    say(
+        "medians (ratio: pages/s over workers x the loop's of the same round; cpu: "
+        "the loop's CPU seconds over the case's):"
+    )
+    for case in todo:
+        line = (
+            f"  {case.name}: {statistics.median(case.rates):,.0f} pages/s, "
+            f"{statistics.median(case.cpus):.1f} s CPU"
+        )
+        if case.workers:
+            line += (
+                f", ratio {statistics.median(case.ratios):.2f} "
+                f"({' '.join(f'{r:.2f}' for r in case.ratios)}), "
+                f"cpu {statistics.median(case.cpu_ratios):.2f}"
+            )
+        say(line)
+    by_name = {c.name: c for c in todo}
+    for kind in ("item tables", "-o parquet"):
+        one = by_name.get(f"reparse 1 worker, {kind}")
+        many = by_name.get(f"reparse {cores} workers, {kind}")
+        if one and many and many is not one:
+            scaling = [m / (cores * o) for m, o in zip(many.rates, one.rates, strict=True)]
+            say(
+                f"  scaling, {kind}: {cores} workers over {cores} x 1 worker: "
+                f"{statistics.median(scaling):.2f} ({' '.join(f'{s:.2f}' for s in scaling)})"
+            )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pages", type=int, default=PAGES)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", type=Path)
+    parser.add_argument(
+        "--case", action="append", help="run only this case (and the loop); may be repeated"
+    )
+    args = parser.parse_args()
+    run(args.pages, args.rounds, args.data, args.case, echo=True)
+
+
+if __name__ == "__main__":
+    main()
