@@ -1,4 +1,4 @@
-"""DuckDB reads the catalog as the README says, with no network."""
+"""DuckDB reads the catalog as the documentation says, with no network."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from tests.conftest import ROOT, run_crawl, write_urls
 
 
 def readme_queries() -> list[str]:
-    """The statements of the README's first DuckDB block, on ``data/metadata.db``."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    block = next(b for b in re.findall(r"```sql\n(.*?)```", readme, re.S) if "data/" in b)
+    """The statements of the first DuckDB block of the page on reading the data with
+    other tools, on ``data/metadata.db``."""
+    page = (ROOT / "docs" / "how-to" / "reading-data.md").read_text(encoding="utf-8")
+    block = next(b for b in re.findall(r"```sql\n(.*?)```", page, re.S) if "data/" in b)
     return [s.strip() for s in block.split(";") if s.strip()]
 
 

@@ -1,8 +1,8 @@
 """The queue runner on one machine with a SQLite hub, watched with its ``status`` command.
 
-The commands are the ones the README gives (``scrapy queue status NAME`` and
-``python -m ... --queue NAME``), read from the README itself, so that this test
-follows them wherever the modules live.
+The commands are the ones the Slurm page of the documentation gives (``scrapy queue
+status NAME`` and ``python -m ... --queue NAME``), read from the page itself, so that
+this test follows them wherever the modules live.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from tests.conftest import ROOT, crawl_env, kill_group, write_urls
 from tests.events import wait_until
 from tests.servers import free_port
 
-README = (ROOT / "README.md").read_text()
+README = (ROOT / "docs" / "how-to" / "slurm.md").read_text()
 
 
 def readme_module(pattern: str) -> str:
-    """The module of the README's ``python -m MODULE <pattern>`` command."""
+    """The module of the Slurm page's ``python -m MODULE <pattern>`` command."""
     found = re.search(rf"python -m (\S+) {re.escape(pattern)}", README)
-    assert found, f"the README no longer shows `python -m ... {pattern}`"
+    assert found, f"docs/how-to/slurm.md no longer shows `python -m ... {pattern}`"
     return found.group(1)
 
 
