@@ -2,7 +2,7 @@
 without the item pipeline, and how far ``reparse --follow`` lags behind a crawl.
 
 ``python -m benchmarks.bench_items [--items N] [--pages N] [--runs N]``; figures go in
-the README's benchmark section with the command that measured them.
+docs/benchmarks.md with the command that measured them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ pages without rendering, each into a fresh data directory. Pages/s is over the c
 (first to last stored page, from the action log); memory is the peak, sampled every
 0.2 s, of the crawl process and all its descendants (the writer process, Playwright's
 driver, Chromium's processes): PSS (shared pages split between processes) and RSS
-(shared pages counted in each). Needs Chromium (see README); about a minute.
+(shared pages counted in each). Needs Chromium (see docs/how-to/rendering.md); about a minute.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Items as rows of item tables: which table, which columns, which values.
 
-The rule (README: "Parsing, and parsing again"):
+The rule (docs/how-to/item-tables.md):
 
 - table: the item class's ``catalog_table`` attribute if it has one, else the class
   name in snake_case (``PageSummary`` -> ``page_summary``); a plain dict goes to a

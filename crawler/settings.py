@@ -39,7 +39,7 @@ TWISTED_DNS_RESOLVER = "scrapy.resolver.CachingHostnameResolver"
 # What bounds a crawl's memory: at most CONCURRENT_REQUESTS bodies are in flight, each
 # at most DOWNLOAD_MAXSIZE (a gzip body's decoded size counts; a larger one is
 # cancelled, logged, and an error). Scrapy's 1 GiB let one endless response take a
-# gigabyte, a few at once several (README: Settings). Raise DOWNLOAD_MAXSIZE to store
+# gigabyte, a few at once several (docs/reference/settings.md). Raise DOWNLOAD_MAXSIZE to store
 # larger bodies, and the memory bound with it.
 CONCURRENT_REQUESTS = 16
 DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
@@ -127,7 +127,7 @@ SPIDER_MIDDLEWARES = {
 }
 
 # Every item goes to a table of the catalog database, committed with its page's row
-# (pipelines/catalog.py; README: "Parsing, and parsing again"). Keep it last.
+# (pipelines/catalog.py; docs/how-to/item-tables.md). Keep it last.
 CATALOG_ITEMS_ENABLED = True
 ITEM_PIPELINES = {
     "pipelines.catalog.CatalogPipeline": 1000,

@@ -228,7 +228,8 @@ def test_an_endless_body_and_a_gzip_bomb_are_cut_at_the_default_size(
     assert "larger than download max size" in log and urls[0] in log, log[-3000:]
     assert "exceeded DOWNLOAD_MAXSIZE" in log and urls[1] in log, log[-3000:]
     # Scrapy's default (1 GiB a response) took over a gigabyte here; the bound the
-    # README states is 512 MiB for 16 responses at once, and two were in flight.
+    # docs/reference/settings.md states is 512 MiB for 16 responses at once, and two
+    # were in flight.
     peak_mib = int(result.stdout.split()[-1]) / 1024
     assert peak_mib < 400, peak_mib
 

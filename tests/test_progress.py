@@ -1,4 +1,4 @@
-"""The progress lines and the end summary the README shows, checked number by number."""
+"""The progress lines and the end summary the documentation shows, checked number by number."""
 
 from __future__ import annotations
 

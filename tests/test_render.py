@@ -1,7 +1,7 @@
 """JS rendering with scrapy-playwright: what renders, what is stored, crashes, proxies.
 
-Past 400 lines: its tests share one browser set-up and its checks; the promises of the
-README's rendering section are in test_render_promises.py.
+Past 400 lines: its tests share one browser set-up and its checks; the promises of
+docs/how-to/rendering.md are in test_render_promises.py.
 """
 
 from __future__ import annotations

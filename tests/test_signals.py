@@ -1,4 +1,4 @@
-"""Stopping a crawl with signals, as the README promises.
+"""Stopping a crawl with signals, as docs/reference/commands.md promises.
 
 SIGINT, SIGTERM and SIGUSR1 stop gracefully: requests in flight finish and are stored,
 the archive is closed and the last batch committed, the exit status is 75 and a rerun

@@ -79,7 +79,7 @@ class StoredRecord:
 
 @dataclass
 class Row:
-    """One row of the catalog's ``artifacts`` table (README: Catalog)."""
+    """One row of the catalog's ``artifacts`` table (docs/reference/data-directory.md)."""
 
     key: str
     url: str

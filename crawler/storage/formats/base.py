@@ -34,8 +34,8 @@ def gzip_member(data: bytes | list, level: int, compressor: str = "isal") -> byt
     """One complete gzip member holding ``data`` (bytes, or a list of parts).
 
     ISA-L at level 1 compresses as small as zlib at level 1 at several times the speed
-    (README: Archive), which is what lets one writer keep up with a crawl. Readers
-    need nothing special: the output is plain gzip.
+    (docs/reference/data-directory.md), which is what lets one writer keep up with a
+    crawl. Readers need nothing special: the output is plain gzip.
     """
     # One call on the joined parts: a compressor object per member costs more than
     # the copy (a third of a small record's compression time).

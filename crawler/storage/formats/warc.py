@@ -5,7 +5,7 @@ Each fetch becomes a ``response`` record (its offset and length go to the catalo
 a ``request`` record; a rendered page adds a ``conversion`` record (the DOM), which
 gets the row; a 304 revalidation becomes a ``revisit`` record. Response records carry
 the request's key, URL and method, so that the archive alone can rebuild the catalog.
-Records are read with FastWARC, the fastest reader measured here (README: Benchmarks).
+Records are read with FastWARC, the fastest reader measured here (docs/benchmarks.md).
 
 Longer than the project's other modules on purpose: a format is one module (writer,
 reader, indexer, repair), so that adding one touches the registry and one new file.

@@ -88,7 +88,8 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 answer("committed", reported)
             # Polled, never waited on: a process asleep on the pipe is woken by every
             # write of the crawl, and on a virtual machine that wake-up cost the
-            # crawl's thread more than the rest of sending a message (README).
+            # crawl's thread more than the rest of sending a message
+            # (docs/design/crash-guarantee.md).
             if not reader.buffered and not readable(data_fd):
                 if ring is not None:
                     ring.publish()  # the poll was a system call
