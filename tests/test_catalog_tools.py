@@ -12,6 +12,7 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
@@ -22,24 +23,23 @@ from crawler.tools.stats import catalog_stats
 from crawler.tools.verify import Verify
 from tests.checks import assert_rows_readable, catalog_rows
 from tests.cmdline import run_scrapy
-from tests.conftest import ROOT, run_crawl, write_urls
+from tests.conftest import ROOT
+from tests.crawls import crawl_site, crawled
 
 BIN = ROOT / ".venv" / "bin"
 
 
-@pytest.fixture(scope="module")
-def crawled(site, tmp_path_factory):
+@pytest.fixture(scope="module", name="crawled")
+def crawled_dir(site, tmp_path_factory):
     """A data directory with 200s, a 404, a redirect, and a 304 refresh (revisit record)."""
     root = tmp_path_factory.mktemp("catalog")
     base = site.base_url
     urls = [f"{base}/page/{n}.html" for n in (300, 301, 302, 303)]
     urls += [f"{base}/missing/5", f"{base}/redirect/7", f"{base}/binary/3"]
-    url_file = write_urls(root / "urls.txt", urls)
     data_dir = root / "data"
-    assert run_crawl(url_file, data_dir).returncode == 0
+    crawled(crawl_site(urls, data_dir))
     site.bump("/page/301.html")
-    result = run_crawl(url_file, data_dir, "-a", "revalidate=1")
-    assert result.returncode == 0, result.stderr
+    crawled(crawl_site(urls, data_dir, revalidate="1"))
     return data_dir
 
 
@@ -135,14 +135,13 @@ def test_verify_finds_and_fixes(site, crawled, tmp_path):
     assert report.bad_rows == [] and report.orphans == []
 
 
-def test_merge_keeps_the_newest_fetch(site, tmp_path):
+@deferred_f_from_coro_f
+async def test_merge_keeps_the_newest_fetch(site, tmp_path):
     base = site.base_url
-    url_file = write_urls(tmp_path / "urls.txt", [f"{base}/page/310.html", f"{base}/page/311.html"])
     old, new = tmp_path / "old", tmp_path / "new"
-    assert run_crawl(url_file, old).returncode == 0
+    await crawl_site([f"{base}/page/310.html", f"{base}/page/311.html"], old)
     site.bump("/page/310.html")
-    only_new = write_urls(tmp_path / "new.txt", [f"{base}/page/310.html", f"{base}/page/312.html"])
-    assert run_crawl(only_new, new).returncode == 0
+    await crawl_site([f"{base}/page/310.html", f"{base}/page/312.html"], new)
     old_rows, new_rows = catalog_rows(old), catalog_rows(new)
     out = tmp_path / "merged.db"
     for order in ([new, old], [old, new]):
