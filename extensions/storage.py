@@ -66,6 +66,19 @@ def catalog_key(request: Request) -> str:
     return key
 
 
+def looked_up(request: Request, stored: bool) -> None:
+    """Note on ``request`` that its key was looked up (``catalog_checked``) and whether
+    it was stored (``catalog_cached``): one not stored is not looked up again."""
+    request.meta["catalog_checked"] = True
+    request.meta["catalog_cached"] = stored
+
+
+def unstored(request: Request) -> bool:
+    """Whether ``request`` was looked up and found not stored (see :func:`looked_up`)."""
+    meta = request.meta
+    return bool(meta.get("catalog_checked")) and not meta.get("catalog_cached")
+
+
 class StorageExtension:
     def __init__(self, crawler):
         if not crawler.settings.getbool("ARCHIVE_ENABLED", True):
@@ -270,8 +283,8 @@ class StorageExtension:
                 out.append(request)
                 continue
             key = meta["catalog_key"]
-            meta["catalog_checked"] = True
-            meta["catalog_cached"] = cached = key in present
+            cached = key in present
+            looked_up(request, cached)
             if cached and self.policy.when_stored(meta) is Decision.SKIP:
                 # The hot path of a resumed crawl: logged and counted once per batch.
                 hits.append((meta.get("catalog_url", request.url), key))

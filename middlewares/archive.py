@@ -24,7 +24,14 @@ from scrapy.http import Response
 from crawler.fetches import response_fetch
 from crawler.storage.records import Row
 from extensions.archive_policy import Decision
-from extensions.storage import CACHED_FLAG, CachedRequest, StorageExtension, catalog_key
+from extensions.storage import (
+    CACHED_FLAG,
+    CachedRequest,
+    StorageExtension,
+    catalog_key,
+    looked_up,
+    unstored,
+)
 
 
 def _is_robots(request: Request) -> bool:
@@ -55,7 +62,7 @@ class ArchiveMiddleware:
         # The request passed the dupefilter already; where it redirects must be fetched
         # too, even if another request fetched that URL, or its key never gets a row.
         request.dont_filter = True
-        if meta.get("catalog_checked") and not meta.get("catalog_cached"):
+        if unstored(request):
             storage.fetching(key)  # looked up in a batch, or a redirect or retry
             return None
         if meta.get("catalog_revalidating"):
@@ -70,8 +77,7 @@ class ArchiveMiddleware:
 
     def _answer(self, request: Request, key: str, row: Row | None) -> Response | None:
         meta = request.meta
-        meta["catalog_checked"] = True
-        meta["catalog_cached"] = row is not None
+        looked_up(request, row is not None)
         decision = Decision.FETCH if row is None else self.policy.when_stored(meta, row)
         if decision is Decision.SKIP:
             self.storage.cache_hit(request)

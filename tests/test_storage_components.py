@@ -303,3 +303,26 @@ def test_archive_policy_setting_plugs_another_policy(stored):
     replayed = mw.process_request(Request("http://example.org/page/1"))
     assert replayed.body == listed_body(1) and CACHED_FLAG in replayed.flags
     mw.spider_closed(spider, "finished")
+
+
+@deferred_f_from_coro_f
+async def test_a_request_for_a_key_in_flight_waits_for_its_commit(data_dir):
+    # Rows are committed one by one (no items to wait for), but a waiter that is not
+    # woken by the commit waits 2 x CATALOG_FLUSH_SECONDS + 10 s, then fetches again.
+    mw, spider = archive_middleware(
+        data_dir, CATALOG_BATCH_SIZE=1, CATALOG_FLUSH_SECONDS=30, CATALOG_ITEMS_ENABLED=False
+    )
+    ok, failed = Request("http://example.org/ok"), Request("http://example.org/failed")
+    for request in (ok, failed):
+        assert mw.process_request(request) is None  # sent: now in flight
+    ok_again = mw.process_request(Request(ok.url))
+    failed_again = mw.process_request(Request(failed.url))
+    mw.process_response(ok, page(ok.url, b"<html>ok</html>", ok))
+    mw.process_response(failed, page(failed.url, b"oops", failed, status=500))
+    with pytest.raises(CachedRequest):  # woken by the commit: the row is there
+        await ok_again
+    assert await failed_again is None  # woken by the failure: fetched
+    mw.spider_closed(spider, "finished")
+    assert mw.crawler.stats.get_value("catalog/waits_for_writer") == 2
+    outcomes = sorted((a["url"], a["outcome"]) for a in actions(data_dir))
+    assert outcomes == [(failed.url, "error"), (ok.url, "cache_hit"), (ok.url, "ok")]

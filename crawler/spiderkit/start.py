@@ -88,7 +88,7 @@ async def listed_requests(
     """
     from twisted.internet import reactor  # imported late: Scrapy installs it
 
-    from extensions.storage import StorageExtension  # the project's storage side
+    from extensions.storage import StorageExtension, looked_up  # the project's storage side
 
     crawler = spider.crawler
     archive = StorageExtension.of(crawler) if skip_stored else None
@@ -126,8 +126,7 @@ async def listed_requests(
             meta["catalog_url"] = request.url
             if checked:
                 # Looked up with its batch: the middlewares need not ask again.
-                meta["catalog_checked"] = True
-                meta["catalog_cached"] = False
+                looked_up(request, False)
             yield request
 
 
