@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 from urllib.parse import urlsplit
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
-from tests.conftest import run_crawl, start_crawl, write_urls
+from tests.conftest import start_crawl, write_urls
+from tests.crawls import crawl_site
 from tests.events import log_text, wait_until
 
 PROGRESS = re.compile(
@@ -19,10 +22,12 @@ PROGRESS = re.compile(
 )
 
 
-def test_progress_lines_count_the_list_hits_errors_and_retries(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_progress_lines_count_the_list_hits_errors_and_retries(site, tmp_path, data_dir):
     base = site.base_url
     stored = [f"{base}/page/{n}.html" for n in (140, 141, 142)]
-    assert run_crawl(write_urls(tmp_path / "first.txt", stored), data_dir).returncode == 0
+    await crawl_site(stored, data_dir)
+    # The lines are read from a crawl process's log, as a user sees them.
     # 3 cache hits; error/: 2 retries then an error; flaky/: a retry then a page;
     # 3 more pages (one a 404), and one held in flight until the line was seen.
     held = f"{base}/hold/page/146.html"
@@ -56,17 +61,19 @@ def test_progress_lines_count_the_list_hits_errors_and_retries(site, tmp_path, d
     "archive_format",
     ["warc", "zip"],
 )
-def test_the_end_summary_says_what_this_run_stored_and_what_the_catalog_holds(
-    site, tmp_path, data_dir, archive_format
+@deferred_f_from_coro_f
+async def test_the_end_summary_says_what_this_run_stored_and_what_the_catalog_holds(
+    site, data_dir, archive_format, caplog
 ):
+    caplog.set_level(logging.INFO)
     base = site.base_url
-    fmt = ("-s", f"ARCHIVE_FORMAT={archive_format}")
+    fmt = {"ARCHIVE_FORMAT": archive_format}
     first = [f"{base}/page/{n}.html" for n in (150, 151)]
-    assert run_crawl(write_urls(tmp_path / "first.txt", first), data_dir, *fmt).returncode == 0
+    await crawl_site(first, data_dir, fmt)
     new = [f"{base}/page/152.html", f"{base}/binary/153", f"{base}/missing/154"]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", first + new), data_dir, *fmt)
-    assert result.returncode == 0, result.stderr[-3000:]
-    log = result.stderr
+    caplog.clear()
+    await crawl_site(first + new, data_dir, fmt)
+    log = caplog.text
 
     stored_bytes = sum(len(site.payload(urlsplit(u).path)) for u in new)
     assert f"This run stored 3 responses ({stored_bytes:,} bytes) and refreshed 0." in log
@@ -91,8 +98,6 @@ def test_the_end_summary_says_what_this_run_stored_and_what_the_catalog_holds(
         f"Action log: {data_dir / 'fetch_log.jsonl'}"
     ) in log
 
-    revalidated = run_crawl(
-        write_urls(tmp_path / "again.txt", first), data_dir, "-a", "revalidate=1", *fmt
-    )
-    assert revalidated.returncode == 0, revalidated.stderr[-3000:]
-    assert "This run stored 0 responses (0 bytes) and refreshed 2." in revalidated.stderr
+    caplog.clear()
+    await crawl_site(first, data_dir, fmt, revalidate="1")
+    assert "This run stored 0 responses (0 bytes) and refreshed 2." in caplog.text
