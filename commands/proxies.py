@@ -13,7 +13,7 @@ from crawler.hub import Hub, HubError, ProxyPool
 from crawler.hub.admin import ProxyAdmin
 from crawler.hub.db import hub_url
 
-ACTIONS = ("add", "import", "list", "disable", "enable", "stats")
+ACTIONS = ("add", "import", "list", "disable", "enable", "unban", "stats")
 
 
 class Command(ScrapyCommand):
@@ -22,7 +22,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "add|import|list|disable|enable|stats [arguments]"
+        return "add|import|list|disable|enable|unban|stats [arguments]"
 
     def short_desc(self) -> str:
         return "Manage the shared proxy pool in the hub (HUB_URL)"
@@ -33,21 +33,31 @@ class Command(ScrapyCommand):
             "  scrapy proxies import FILE\n"
             "  scrapy proxies list\n"
             "  scrapy proxies disable|enable ID|URL\n"
+            "  scrapy proxies unban ID|URL|--all\n"
             "  scrapy proxies stats\n\n"
             "Manage the proxies that crawls lease from the hub named by the HUB_URL setting "
             "or environment variable. URLs are shown with their passwords as ***. "
-            "disable/enable take an id or a URL as `list` shows it."
+            "disable/enable/unban take an id or a URL as `list` shows it. A banned proxy "
+            "rests until its ban ends; `unban` lifts the ban at once (`unban --all`: every "
+            "banned proxy). `enable` only undoes `disable`: it does not lift a ban."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
+        parser.add_argument(
+            "--all", dest="all", action="store_true", help="unban: every banned proxy"
+        )
         tidy_parser(parser)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         pick_action(args, ACTIONS)
         action, rest = args[0], args[1:]
+        if opts.all and action != "unban":
+            raise UsageError("--all goes with `proxies unban` only")
+        if action == "unban" and bool(rest) == opts.all:
+            raise UsageError("`proxies unban` takes one proxy (an id or a URL) or --all")
         expected = {"add": None, "import": 1, "list": 0, "disable": 1, "enable": 1, "stats": 0}
-        want = expected[action]
+        want = expected.get(action, len(rest))
         if (want is None and not rest) or (want is not None and len(rest) != want):
             raise UsageError(
                 f"`proxies {action}` takes {want if want is not None else '1+'} argument(s)"
@@ -66,6 +76,8 @@ class Command(ScrapyCommand):
             return admin.add(rest)
         if action == "import":
             return admin.import_file(rest[0])
+        if action == "unban":
+            return admin.unban(rest[0] if rest else None)
         if action in ("disable", "enable"):
             return admin.set_enabled(rest[0], action == "enable")
         return admin.list() if action == "list" else admin.stats()

@@ -178,15 +178,20 @@ PROXY_BAN_REST_MAX_SECONDS = 21600.0
 # Proxies one crawl process holds at once; its concurrent requests are spread over them,
 # each proxy being its own download slot.
 PROXY_LEASES_PER_PROCESS = 2
-# What counts as a ban: these statuses, any of these strings in the body, and connection
-# refused/reset or timeouts. A spider can decide instead with methods
+# What counts as a ban: these statuses, any of these strings in the body. A timeout or a
+# refused/dropped connection bans a proxy only when it is the proxy's fault: the proxy
+# does not answer a connection of its own (it is down), or it failed so for
+# PROXY_BAN_FAILED_HOSTS different hosts in a row; otherwise the target is at fault and
+# the request is retried as usual. A spider can decide instead with methods
 # response_is_ban(request, response) / exception_is_ban(request, exception) (None: default).
 PROXY_BAN_STATUSES = [403, 407, 429]
 PROXY_BAN_BODY_MARKERS = []
+PROXY_BAN_FAILED_HOSTS = 2
 # Retries of a request through another proxy after bans (meta max_proxy_ban_retries).
 PROXY_MAX_BAN_RETRIES = 3
-# With no proxy free, requests wait: the hub is asked again every PROXY_POLL_SECONDS and
-# the wait logged at most every PROXY_WAIT_LOG_SECONDS.
+# With no proxy free, requests wait: the hub is asked again every PROXY_POLL_SECONDS, and
+# every PROXY_WAIT_LOG_SECONDS while they wait a warning says how many wait, for how
+# long, and when the next proxy's rest or ban ends (`scrapy proxies unban` lifts bans).
 PROXY_POLL_SECONDS = 2.0
 PROXY_WAIT_LOG_SECONDS = 30.0
 

@@ -8,12 +8,17 @@ action = object()
 def attempt_fields(request) -> dict:
     """What the action log says of one attempt of ``request`` (url and key as listed)."""
     meta = request.meta
-    return {
+    fields = {
         "url": meta.get("catalog_url", request.url),
         "key": meta.get("catalog_key"),
         "depth": meta.get("depth", 0),
         "attempt": meta.get("retry_times", 0) + 1,
     }
+    # The proxy this attempt went through (redacted; set by middlewares/proxy_lease.py),
+    # on every line of it, retries and errors included.
+    if meta.get("proxy_label"):
+        fields["proxy"] = meta["proxy_label"]
+    return fields
 
 
 # Request meta key: the final outcome recorded for this request (absent while none is).

@@ -21,10 +21,12 @@ events as stats and log lines.
 from __future__ import annotations
 
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 from scrapy import signals
 from scrapy.exceptions import (
@@ -36,6 +38,7 @@ from scrapy.exceptions import (
     UsageError,
 )
 from scrapy.utils.defer import maybe_deferred_to_future
+from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet import error as txerror
 from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThreadPool
@@ -43,7 +46,15 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
-from crawler.hub import Holder, Hub, HubUnavailableError, InvalidHubURLError, ProxyPool, RestPolicy
+from crawler.hub import (
+    Holder,
+    Hub,
+    HubUnavailableError,
+    InvalidHubURLError,
+    PoolOutlook,
+    ProxyPool,
+    RestPolicy,
+)
 from crawler.hub.db import hub_url
 from crawler.hub.leases import (
     Finished,
@@ -54,6 +65,7 @@ from crawler.hub.leases import (
     PoolClosedError,
     Timer,
 )
+from crawler.signals import send_action
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -98,6 +110,10 @@ def ban_exceptions() -> tuple[type[BaseException], ...]:
     return _BAN_EXCEPTIONS
 
 
+# A live proxy on the network accepts a connection in milliseconds; one that has not
+# within this many seconds is down (or unreachable) for the request that failed on it.
+PROBE_TIMEOUT = 5.0
+
 META_TOKEN = "_proxy_lease"  # this attempt's lease token (not the proxy URL)
 META_AVOID = "_proxy_lease_avoid"  # proxy ids that banned this request
 META_LABEL = "proxy_label"  # redacted proxy URL of this attempt, for logs and the action log
@@ -122,6 +138,7 @@ class ProxyLeaseConfig:
     leases_per_process: int = 2
     ban_statuses: tuple[int, ...] = (403, 407, 429)
     ban_body_markers: tuple[str, ...] = ()
+    ban_failed_hosts: int = 2
     max_ban_retries: int = 3
     poll_seconds: float = 2.0
     wait_log_seconds: float = 30.0
@@ -138,6 +155,7 @@ class ProxyLeaseConfig:
         "leases_per_process": ("PROXY_LEASES_PER_PROCESS", "getint"),
         "ban_statuses": ("PROXY_BAN_STATUSES", "getlist"),
         "ban_body_markers": ("PROXY_BAN_BODY_MARKERS", "getlist"),
+        "ban_failed_hosts": ("PROXY_BAN_FAILED_HOSTS", "getint"),
         "max_ban_retries": ("PROXY_MAX_BAN_RETRIES", "getint"),
         "poll_seconds": ("PROXY_POLL_SECONDS", "getfloat"),
         "wait_log_seconds": ("PROXY_WAIT_LOG_SECONDS", "getfloat"),
@@ -200,6 +218,8 @@ class ProxyLeaseConfig:
             problems.append("PROXY_BAN_REST_MAX_SECONDS must be >= PROXY_BAN_REST_SECONDS")
         if not 0 <= self.rest_jitter < 1:
             problems.append("PROXY_REST_JITTER must be in [0, 1)")
+        if self.ban_failed_hosts < 1:
+            problems.append("PROXY_BAN_FAILED_HOSTS must be >= 1")
         if self.max_ban_retries < 0:
             problems.append("PROXY_MAX_BAN_RETRIES must be >= 0")
         if self.poll_seconds <= 0:
@@ -294,6 +314,7 @@ class _StatsAndLogs(LeaseEvents):
         self.mw = mw
         self.stats = mw.stats
         self._last_wait_log = -1e9
+        self._asking = False  # the hub is being asked what frees next
 
     def acquired(self, lease: LeaseView, held: int) -> None:
         self.stats.inc_value("proxy/leases_acquired")
@@ -302,6 +323,8 @@ class _StatsAndLogs(LeaseEvents):
 
     def none_free(self) -> None:
         self.stats.inc_value("proxy/acquire_none_free")
+        if self.mw.pool.waiting:  # asked again every PROXY_POLL_SECONDS while they wait
+            self._stalled()
 
     def acquire_failed(self, error: Exception) -> None:
         self.stats.inc_value("proxy/hub_errors")
@@ -347,20 +370,53 @@ class _StatsAndLogs(LeaseEvents):
 
     def wait_started(self, waiting: int, shortage: bool) -> None:
         self.stats.inc_value("proxy/requests_waited")
-        now = monotonic()
         if not shortage:
             # Not a shortage: a lease of ours is finishing its requests before rotating.
             logger.debug("Waiting for a proxy lease to rotate (%d waiting)", waiting)
-        elif now - self._last_wait_log >= self.mw.config.wait_log_seconds:
-            self._last_wait_log = now
-            logger.warning(
-                "No proxy free in the hub %s: %d request(s) waiting for a lease "
-                "(holding %d of PROXY_LEASES_PER_PROCESS=%d)",
-                self.mw.hub.label,
-                waiting,
-                len(self.mw.pool.leases),
-                self.mw.config.leases_per_process,
+            return
+        self._stalled()
+
+    def _stalled(self) -> None:
+        """Requests wait for want of proxies: say so every PROXY_WAIT_LOG_SECONDS for as
+        long as it lasts, with when the next proxy frees (a hub query, off the reactor)."""
+        now = monotonic()
+        if self._asking or now - self._last_wait_log < self.mw.config.wait_log_seconds:
+            return
+        self._last_wait_log, self._asking = now, True
+        self.mw.hub_call(self.mw.pool.proxies.outlook, self._log_wait, self._log_wait)
+
+    def _log_wait(self, outlook: PoolOutlook | Exception) -> None:
+        self._asking = False
+        pool = self.mw.pool
+        if not pool.waiting:
+            return
+        self.stats.inc_value("proxy/wait_logs")
+        if isinstance(outlook, Exception):
+            ahead = f"could not ask the hub what frees next ({outlook})"
+        elif outlook.next_free_at is None:
+            ahead = (
+                f"{outlook.leased} of {outlook.enabled} enabled proxies leased and none "
+                "resting: the next frees when a holder lets one go"
             )
+        else:
+            until = time.strftime("%H:%M:%S UTC", time.gmtime(outlook.next_free_at))
+            ahead = (
+                f"{outlook.leased} of {outlook.enabled} enabled proxies leased; the next "
+                f"frees in {outlook.next_free_in:.0f} s (proxy #{outlook.next_id}, "
+                f"{outlook.next_state} until {until})"
+            )
+            if outlook.next_state == "banned":
+                ahead += "; `scrapy proxies unban` lifts bans"
+        logger.warning(
+            "No proxy free in the hub %s: %d request(s) waiting, the longest for %.0f s "
+            "(holding %d of PROXY_LEASES_PER_PROCESS=%d); %s",
+            self.mw.hub.label,
+            pool.waiting,
+            pool.longest_wait,
+            len(pool.leases),
+            self.mw.config.leases_per_process,
+            ahead,
+        )
 
     def wait_ended(self, seconds: float) -> None:
         self.stats.inc_value("proxy/wait_seconds", round(seconds, 3))
@@ -398,6 +454,8 @@ class ProxyLeaseMiddleware:
                 "(add some with `scrapy proxies add URL`)"
             )
         self._thread = _HubThread()
+        # Per proxy: hosts whose requests through it failed since it last answered.
+        self._failed_hosts: dict[int, set[str]] = {}
         self.pool = LeasePool(
             proxies,
             Holder.current(),
@@ -444,6 +502,12 @@ class ProxyLeaseMiddleware:
         self.config = config
         self.pool.config = config.pool_config
 
+    def hub_call(
+        self, fn: Callable[[], T], done: Callable[[T], None], failed: Callable[[Exception], None]
+    ) -> None:
+        """Run a blocking hub call in the hub's thread; *done* or *failed* on the reactor."""
+        self._thread.run(fn, done, failed)
+
     # --- what other components ask ---------------------------------------------------
     def lease_for(self, request: Request) -> LeaseView | None:
         """The lease this attempt of *request* goes through, or None (direct, or done)."""
@@ -455,6 +519,7 @@ class ProxyLeaseMiddleware:
         if not self._wants_proxy(request):
             return
         self._drop(request)  # a retried copy still carries its previous attempt
+        request.meta.pop(META_LABEL, None)  # and its previous proxy, until it has one
         avoid = set(request.meta.get(META_AVOID, ()))
         leased: Deferred[Any] = Deferred(lambda _: waiting.cancel())
         waiting = self.pool.take(avoid, leased.callback, leased.errback)
@@ -472,28 +537,38 @@ class ProxyLeaseMiddleware:
 
     def process_response(self, request: Request, response: Response) -> Request | Response:
         token = request.meta.get(META_TOKEN, 0)
-        if self.pool.lease_of(token) is None:
+        lease = self.pool.lease_of(token)
+        if lease is None:
             return response
+        self._failed_hosts.pop(lease.proxy_id, None)  # it answered: its failures were the hosts'
         with self._finishing(request, token, nbytes=len(response.body)):
             banned = self._response_is_ban(request, response)
         finished = self._finish(request, token, nbytes=len(response.body), banned=banned)
         if not banned:
             return response
         self.stats.inc_value(f"proxy/bans/status/{response.status}")
-        return self._banned(request, finished, f"status {response.status}") or response
+        why = f"looks banned: status {response.status}"
+        return self._banned(request, finished, why, response.status) or response
 
-    def process_exception(self, request: Request, exception: Exception) -> Request | None:
+    async def process_exception(self, request: Request, exception: Exception) -> Request | None:
         token = request.meta.get(META_TOKEN, 0)
-        if self.pool.lease_of(token) is None:
-            return None
-        with self._finishing(request, token, failed=True):
-            banned = self._exception_is_ban(request, exception)
-        finished = self._finish(request, token, failed=True, banned=banned)
-        if not banned:
+        lease = self.pool.lease_of(token)
+        if lease is None:
             return None
         name = type(exception).__name__
+        with self._finishing(request, token, failed=True):
+            verdict = self._spider_verdict("exception_is_ban", request, exception)
+        why = f"looks banned: {name}"
+        if verdict is None and isinstance(exception, ban_exceptions()):
+            fault = await self._proxy_fault(request, lease, name)
+            verdict, why = fault is not None, fault or why
+        if self.pool.lease_of(token) is None:  # dropped while the proxy was probed
+            return None
+        finished = self._finish(request, token, failed=True, banned=bool(verdict))
+        if not verdict:
+            return None
         self.stats.inc_value(f"proxy/bans/exception/{name}")
-        return self._banned(request, finished, name)
+        return self._banned(request, finished, why)
 
     def _wants_proxy(self, request: Request) -> bool:
         if request.meta.get("proxy_lease", True) is False:
@@ -531,11 +606,49 @@ class ProxyLeaseMiddleware:
         markers = self.config.ban_body_markers
         return bool(markers) and any(m.encode() in response.body for m in markers)
 
-    def _exception_is_ban(self, request: Request, exception: Exception) -> bool:
-        verdict = self._spider_verdict("exception_is_ban", request, exception)
-        if verdict is not None:
-            return verdict
-        return isinstance(exception, ban_exceptions())
+    async def _proxy_fault(self, request: Request, lease: LeaseView, name: str) -> str | None:
+        """Why a timeout or a refused or dropped connection through *lease* is the
+        proxy's fault, or None: the target's. The proxy is down when a connection of our
+        own to it fails as well; it is failing when it failed so for
+        PROXY_BAN_FAILED_HOSTS different hosts in a row (a response resets the count).
+        A slow or refusing target page alone never bans the proxy that went to it."""
+        if not await self._answers(lease):
+            self.stats.inc_value("proxy/down")
+            return (
+                f"is down: {name}, and a connection of its own to the proxy fails too "
+                "(the proxy's failure, not the target's)"
+            )
+        hosts = self._failed_hosts.setdefault(lease.proxy_id, set())
+        hosts.add(urlparse_cached(request).hostname or "")
+        if len(hosts) >= self.config.ban_failed_hosts:
+            del self._failed_hosts[lease.proxy_id]
+            return f"is failing: {name} for {len(hosts)} different hosts in a row"
+        self.stats.inc_value(f"proxy/target_failures/{name}")
+        logger.debug(
+            "%s on %s through proxy #%d %s, which answers: the target's failure, not a ban",
+            name,
+            request,
+            lease.proxy_id,
+            lease.label,
+        )
+        return None
+
+    async def _answers(self, lease: LeaseView) -> bool:
+        """Whether the proxy accepts a TCP connection within PROBE_TIMEOUT seconds."""
+        from twisted.internet import reactor
+        from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+        from twisted.internet.protocol import Protocol
+
+        self.stats.inc_value("proxy/probes")
+        parts = urlsplit(lease.proxy_url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        endpoint = HostnameEndpoint(reactor, parts.hostname or "", port, timeout=PROBE_TIMEOUT)
+        try:
+            protocol = await maybe_deferred_to_future(connectProtocol(endpoint, Protocol()))
+        except Exception:  # refused, unreachable, timed out: all say "down"
+            return False
+        protocol.transport.loseConnection()
+        return True
 
     def _spider_verdict(self, name: str, request: Request, what: Any) -> bool | None:
         method = getattr(self.crawler.spider, name, None)
@@ -544,12 +657,15 @@ class ProxyLeaseMiddleware:
         verdict = method(request, what)
         return None if verdict is None else bool(verdict)
 
-    def _banned(self, request: Request, finished: Finished, why: str) -> Request | None:
-        """Count a ban (its lease is ending) and return the retry through another proxy."""
+    def _banned(
+        self, request: Request, finished: Finished, why: str, status: int | None = None
+    ) -> Request | None:
+        """Count a ban (its lease is ending) and return the retry through another proxy,
+        recorded in the action log as a retry through this one."""
         lease = finished.lease
         if finished.newly_banned:
             logger.warning(
-                "Proxy #%d %s looks banned (%s on %s): ending its lease",
+                "Proxy #%d %s %s: ending its lease (request %s)",
                 lease.proxy_id,
                 lease.label,
                 why,
@@ -578,5 +694,12 @@ class ProxyLeaseMiddleware:
         retry.meta.pop("_auth_proxy", None)
         retry.headers.pop(b"Proxy-Authorization", None)
         self.stats.inc_value("proxy/ban_retries")
+        send_action(
+            self.crawler,
+            request,
+            "retry",
+            status=status,
+            error=f"proxy #{lease.proxy_id} {why}; retrying through another proxy",
+        )
         logger.debug("Retrying %s through another proxy (retry %d)", request, retries + 1)
         return retry

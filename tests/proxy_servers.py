@@ -5,6 +5,7 @@ Import the fixtures into a test module: ``from tests.proxy_servers import origin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -31,7 +32,8 @@ class Hit:
 
 
 class Origin:
-    """An HTTP server that serves /page/N and records every request with its Via header."""
+    """An HTTP server that serves /page/N (and /slow/SECONDS/N, after SECONDS) and records
+    every request with its Via header."""
 
     def __init__(self) -> None:
         self.hits: list[Hit] = []
@@ -50,7 +52,11 @@ class Origin:
                             "Proxy-Authorization" in self.headers,
                         )
                     )
-                if self.path.startswith("/page/"):
+                if self.path.startswith("/slow/"):
+                    # /slow/SECONDS/...: answers after SECONDS, a page slower than a
+                    # crawl's DOWNLOAD_TIMEOUT (the client has gone by then).
+                    time.sleep(float(self.path.split("/")[2]))
+                if self.path.startswith(("/page/", "/slow/")):
                     body = f"<html><body><p>{self.path}</p></body></html>".encode()
                     self.send_response(200)
                 else:
@@ -58,8 +64,9 @@ class Origin:
                     self.send_response(404)
                 self.send_header("Content-Type", "text/html")
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.end_headers()  # a slow page's client may have gone
+                    self.wfile.write(body)
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -5,10 +5,12 @@ from __future__ import annotations
 import pytest
 from scrapy.settings import Settings
 
-from crawler.hub import Holder, Hub, HubError, ProxyPool
+from crawler.hub import Holder, Hub, HubError, ProxyPool, RestPolicy, UsageCounts
 from crawler.hub import db as hub_db
 from crawler.hub.admin import ProxyAdmin, ProxyFileError, read_proxy_file
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
+
+HOLDER = Holder("node9", 9)
 
 
 def scrapy(*args: str, hub: str | None = None):
@@ -115,3 +117,50 @@ def test_stats_show_leases_per_host_and_the_wait_for_a_proxy(hub_url):  # noqa: 
         # host, held now, leases, requests, wait mean, wait max
         assert rows["node1"][:7] == ["node1", "2", "2", "0", "2.0", "s", "4.0"]
         assert rows["node2"][:4] == ["node2", "0", "1", "0"]
+
+
+def test_unban_lifts_bans_and_enable_says_it_does_not(hub_url):  # noqa: F811
+    """A ban ends at once with `unban`; `enable` only undoes `disable`, and says so."""
+    ban = RestPolicy(ban_rest_seconds=600, jitter=0)
+    holder = Holder("node1", 1)
+    with Hub.open(hub_url) as hub:
+        pool = ProxyPool(hub)
+        admin = ProxyAdmin(pool)
+        pool.add([f"http://127.0.0.1:{port}" for port in (3128, 3129, 3130)])
+        for _ in range(3):
+            pool.release(pool.acquire(holder, 60), "banned", UsageCounts(1, bans=1), ban)
+        assert pool.acquire(holder, 60) is None, "all three banned"
+        pool.set_enabled(1, False)
+        said = admin.set_enabled("1", True)
+        assert "enabled; it stays banned until" in said
+        assert "does not lift a ban, `scrapy proxies unban 1` does" in said
+        assert pool.acquire(holder, 60) is None, "enabling lifted no ban"
+        assert "ban lifted" in admin.unban("http://127.0.0.1:3128")
+        lease = pool.acquire(holder, 60)
+        assert lease is not None and lease.proxy_id == 1
+        assert "was not banned" in admin.unban("1")
+        assert "enabled" in admin.set_enabled("1", True).split(";")[0]
+        assert "stays banned" not in admin.set_enabled("1", True)
+        assert admin.unban(None).startswith("lifted the ban of 2 proxies")
+        assert {pool.acquire(holder, 60).proxy_id for _ in range(2)} == {2, 3}
+        assert [p.consecutive_bans for p in pool.proxies()] == [0, 0, 0]
+        assert "banned" not in admin.list()
+
+
+def test_unban_command(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    with Hub.open(hub) as opened:
+        pool = ProxyPool(opened)
+        pool.add(["http://bob:hunter2@127.0.0.1:3128", "http://127.0.0.1:3129"])
+        ban = RestPolicy(ban_rest_seconds=600, jitter=0)
+        for _ in range(2):
+            pool.release(pool.acquire(HOLDER, 60), "banned", UsageCounts(1, bans=1), ban)
+    one = scrapy("unban", "http://bob:***@127.0.0.1:3128", hub=hub)
+    assert one.returncode == 0 and "ban lifted" in one.stdout and "hunter2" not in one.stdout
+    every = scrapy("unban", "--all", hub=hub)
+    assert every.returncode == 0 and "lifted the ban of 1 proxies" in every.stdout
+    assert "banned" not in scrapy("list", hub=hub).stdout
+    for args in (("unban",), ("unban", "1", "--all"), ("list", "--all")):
+        wrong = scrapy(*args, hub=hub)
+        assert wrong.returncode == 2 and ("unban" in wrong.stderr), (args, wrong.stderr)
+    assert "unban ID|URL|--all" in scrapy("--help").stdout

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import pytest_twisted
 from scrapy import Request, Spider
-from scrapy.exceptions import NotConfigured
+from scrapy.exceptions import DownloadConnectionRefusedError, DownloadTimeoutError, NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
@@ -27,11 +28,20 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 import crawler.settings as project_settings
-from crawler.hub import Holder, Hub, HubUnavailableError, ProxyPool, redact_url
+from crawler import signals as crawler_signals
+from crawler.hub import (
+    Holder,
+    Hub,
+    HubUnavailableError,
+    ProxyPool,
+    RestPolicy,
+    UsageCounts,
+    redact_url,
+)
 from middlewares.proxy_lease import ProxyLeaseConfig, ProxyLeaseConfigError, ProxyLeaseMiddleware
-from tests.hubs import open_proxies
+from tests.hubs import hub_url, open_proxies  # noqa: F401 - hub_url: a fixture
 from tests.proxy_servers import PROXY_PASSWORD, PROXY_USER, origin, proxy_pool  # noqa: F401
-from tests.servers import need_module
+from tests.servers import free_port, need_module
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRETS = [
@@ -122,10 +132,10 @@ class BanSpider(Spider):
         return None
 
 
-def make_middleware(tmp_path, spidercls=PlainSpider, **settings):
-    url = f"sqlite:///{tmp_path}/hub.db"
+def make_middleware(tmp_path, spidercls=PlainSpider, url=None, proxies=None, **settings):
+    url = url or f"sqlite:///{tmp_path}/hub.db"
     with open_proxies(url) as pool:
-        pool.add(["http://u:pw-secret@127.0.0.1:1", "http://127.0.0.1:2"])
+        pool.add(proxies or ["http://u:pw-secret@127.0.0.1:1", "http://127.0.0.1:2"])
     crawler = get_crawler(
         spidercls,
         settings_dict={
@@ -199,7 +209,8 @@ def test_ban_ends_lease_and_retries_through_another_proxy(tmp_path):
         yield deferred_from_coro(mw.process_request(retry))
         assert retry.meta["proxy_label"] == "http://127.0.0.1:2"
         # A second ban exhausts PROXY_MAX_BAN_RETRIES=1: the exception goes on.
-        assert mw.process_exception(retry, txerror.ConnectionRefusedError()) is None
+        refused = mw.process_exception(retry, txerror.ConnectionRefusedError())
+        assert (yield deferred_from_coro(refused)) is None
         assert crawler.stats.get_value("proxy/bans") == 2
         assert crawler.stats.get_value("proxy/ban_retries_exhausted") == 1
         assert crawler.stats.get_value("proxy/bans/status/429") == 1
@@ -233,14 +244,15 @@ def test_body_markers_and_timeouts_are_bans(tmp_path):
         r0 = yield deferred_from_coro(_send(mw, "http://example.com/0"))
         assert mw.process_response(r0, response(r0, body=b"<p>fine</p>")).status == 200
         r1 = yield deferred_from_coro(_send(mw, "http://example.com/1"))
-        assert mw.process_exception(r1, ValueError("not the proxy's doing")) is None
+        failed = mw.process_exception(r1, ValueError("not the proxy's doing"))
+        assert (yield deferred_from_coro(failed)) is None
         assert crawler.stats.get_value("proxy/bans") is None
         r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
         retry = mw.process_response(r2, response(r2, body=b"<p>please solve the captcha</p>"))
         assert isinstance(retry, Request)
         yield deferred_from_coro(mw.process_request(retry))
         assert retry.meta["proxy_label"] == "http://127.0.0.1:2"
-        again = mw.process_exception(retry, TimeoutError())
+        again = yield deferred_from_coro(mw.process_exception(retry, TimeoutError()))
         assert isinstance(again, Request) and again.meta["proxy_ban_retries"] == 2
         assert crawler.stats.get_value("proxy/bans") == 2
         assert crawler.stats.get_value("proxy/bans/exception/TimeoutError") == 1
@@ -265,12 +277,14 @@ def test_giving_up_on_proxies_is_said_once_per_url(tmp_path, caplog):
     mw, crawler, url = make_middleware(tmp_path, PROXY_ROTATE_EVERY=10, PROXY_MAX_BAN_RETRIES=0)
     try:
         first = yield deferred_from_coro(_send(mw, "http://example.com/1"))
-        assert mw.process_exception(first, txerror.ConnectionRefusedError()) is None
+        refused = mw.process_exception(first, txerror.ConnectionRefusedError())
+        assert (yield deferred_from_coro(refused)) is None
         # Scrapy's RetryMiddleware retries the failure with a copy of the request (its
         # meta too), which the second proxy's ban ends the same way.
         again = first.copy()
         yield deferred_from_coro(mw.process_request(again))
-        assert mw.process_exception(again, txerror.ConnectionRefusedError()) is None
+        refused = mw.process_exception(again, txerror.ConnectionRefusedError())
+        assert (yield deferred_from_coro(refused)) is None
         assert crawler.stats.get_value("proxy/bans") == 2
         assert crawler.stats.get_value("proxy/ban_retries_exhausted") == 1
     finally:
@@ -289,7 +303,7 @@ def test_a_failing_ban_verdict_still_ends_the_attempt(tmp_path):
         assert mw.lease_for(r1) is None
         r2 = yield deferred_from_coro(_send(mw, "http://example.com/2"))
         assert r2.meta["proxy_label"] == "http://127.0.0.1:2", "the rotated lease was released"
-        mw.process_exception(r2, ValueError())
+        yield deferred_from_coro(mw.process_exception(r2, ValueError()))
     finally:
         yield deferred_from_coro(mw.spider_closed())
     with open_proxies(url) as pool:
@@ -376,9 +390,9 @@ ROTATE_EVERY = 3
 PAGES = 15
 
 
-def crawl_settings(hub_url: str, log_file: Path) -> dict[str, object]:
+def crawl_settings(hub: str, log_file: Path) -> dict[str, object]:
     return {
-        "HUB_URL": hub_url,
+        "HUB_URL": hub,
         "PROXY_ROTATE_EVERY": ROTATE_EVERY,
         "PROXY_LEASES_PER_PROCESS": 1,
         "PROXY_REST_SECONDS": 0,
@@ -447,9 +461,9 @@ def file_texts(paths: list[Path]):
 
 
 def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
-    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    hub = f"sqlite:///{tmp_path}/hub.db"
     deny = proxy_pool["proxy-deny"]
-    with open_proxies(hub_url) as pool:
+    with open_proxies(hub) as pool:
         # The 403 proxy first, so the crawl's first lease is the one that gets banned.
         pool.add([deny.url])
         pool.add([proxy_pool["proxy-open"].url, proxy_pool["proxy-auth"].url])
@@ -458,7 +472,7 @@ def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
     urls = tmp_path / "urls.txt"
     urls.write_text("".join(f"{origin.base}/page/{n}\n" for n in range(PAGES)))
     log_file = tmp_path / "crawl.log"
-    settings = crawl_settings(hub_url, log_file)
+    settings = crawl_settings(hub, log_file)
     use_site = (ROOT / "spiders" / "site.py").exists()
     run = run_site_crawl if use_site else run_own_crawl
     done, pages, data = run(tmp_path, urls, settings)
@@ -481,7 +495,7 @@ def test_crawl_through_the_pool(tmp_path, origin, proxy_pool):  # noqa: F811
     # The 403 proxy was asked once, banned, and rests; it forwarded nothing.
     assert len(deny.connections_since_mark()) == 1
     assert "Unauthorized connection" in deny.log_text()
-    with open_proxies(hub_url) as pool:
+    with open_proxies(hub) as pool:
         usage = pool.usage()
         proxies = {p.id: p for p in pool.proxies()}
         assert proxies[1].state == "banned" and proxies[1].resting_until > pool.hub.now()
@@ -528,3 +542,169 @@ def test_heartbeat_renews_leases_and_reports_usage(tmp_path):
         assert crawler.stats.get_value("proxy/leases_lost") is None
     finally:
         yield deferred_from_coro(mw.spider_closed())
+
+
+# --- bans that heal -------------------------------------------------------------------------
+def _actions(crawler) -> list[dict]:
+    """What components send to the action log, as the archive would receive it."""
+    sent: list[dict] = []
+    crawler.signals.connect(lambda **kw: sent.append(kw), signal=crawler_signals.action, weak=False)
+    return sent
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_failure_bans_a_proxy_only_when_it_is_the_proxys(tmp_path, origin):  # noqa: F811
+    """A timeout through a proxy that answers is the target's (no ban) until it happens
+    for PROXY_BAN_FAILED_HOSTS hosts in a row; through a proxy that does not answer (a
+    dead port) it is the proxy's at once, and the retry line says so."""
+    answering = f"http://127.0.0.1:{origin.port}"  # accepts connections: a live proxy
+    dead = f"http://127.0.0.1:{free_port()}"
+    mw, crawler, url = make_middleware(
+        tmp_path, proxies=[answering, dead], PROXY_ROTATE_EVERY=10, PROXY_BAN_FAILED_HOSTS=2
+    )
+    sent = _actions(crawler)
+    timeout = DownloadTimeoutError("Getting http://a.example/1 took longer than 1.0 seconds")
+    try:
+        outcomes = []
+        for target in ("http://a.example/1", "http://a.example/2", "http://c.example/ok"):
+            request = yield deferred_from_coro(_send(mw, target))
+            if target.endswith("/ok"):
+                outcomes.append(mw.process_response(request, response(request)).status)
+                continue
+            outcomes.append((yield deferred_from_coro(mw.process_exception(request, timeout))))
+        assert outcomes == [None, None, 200], "one host's timeouts are the host's"
+        request = yield deferred_from_coro(_send(mw, "http://b.example/1"))
+        assert (yield deferred_from_coro(mw.process_exception(request, timeout))) is None
+        assert crawler.stats.get_value("proxy/target_failures/DownloadTimeoutError") == 3
+        assert crawler.stats.get_value("proxy/bans") is None
+        # A second host in a row with no answer between: the proxy is failing.
+        request = yield deferred_from_coro(_send(mw, "http://d.example/1"))
+        retry = yield deferred_from_coro(mw.process_exception(request, timeout))
+        assert isinstance(retry, Request)
+        # Through the dead proxy: its refusal is its own.
+        yield deferred_from_coro(mw.process_request(retry))
+        assert retry.meta["proxy_label"] == dead
+        refused = DownloadConnectionRefusedError("Connection was refused by other side")
+        again = yield deferred_from_coro(mw.process_exception(retry, refused))
+        assert isinstance(again, Request)
+        assert crawler.stats.get_value("proxy/down") == 1
+        assert crawler.stats.get_value("proxy/bans") == 2
+    finally:
+        yield deferred_from_coro(mw.spider_closed())
+    retries = [(a["proxy"], a["error"]) for a in sent if a["outcome"] == "retry"]
+    assert [proxy for proxy, _ in retries] == [answering, dead]
+    assert "is failing: DownloadTimeoutError for 2 different hosts" in retries[0][1]
+    assert "is down" in retries[1][1] and "the proxy's failure, not the target's" in retries[1][1]
+    with open_proxies(url) as pool:
+        rows = {p.id: p for p in pool.proxies()}
+        assert (rows[1].state, rows[1].failures) == ("banned", 4)
+        assert (rows[2].state, rows[2].failures) == ("banned", 1)
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_stall_is_logged_until_it_ends_and_unban_ends_it(tmp_path, hub_url, caplog):  # noqa: F811
+    """No proxy free: the wait is logged every PROXY_WAIT_LOG_SECONDS for as long as it
+    lasts, naming the proxy whose ban ends next; lifting the ban ends the stall."""
+    mw, crawler, url = make_middleware(
+        tmp_path, url=hub_url, PROXY_WAIT_LOG_SECONDS=0.2, PROXY_POLL_SECONDS=0.05
+    )
+    other = ProxyPool(Hub.open(url))
+    held = other.acquire(Holder("elsewhere", 1), 60)
+    banned = other.acquire(Holder("elsewhere", 1), 60)
+    other.release(banned, "banned", UsageCounts(requests=1, bans=1), RestPolicy(jitter=0))
+    try:
+        caplog.set_level(logging.WARNING, logger="middlewares.proxy_lease")
+        d = deferred_from_coro(_send(mw, "http://example.com/1"))
+        for _ in range(600):  # bounded: until the wait was logged three times
+            if (crawler.stats.get_value("proxy/wait_logs") or 0) >= 3:
+                break
+            yield deferLater(reactor, 0.05)
+        waits = [r.getMessage() for r in caplog.records if "No proxy free" in r.getMessage()]
+        assert len(waits) >= 3 and not d.called
+        assert f"proxy #{banned.proxy_id}, banned until" in waits[-1]
+        assert "1 of 2 enabled proxies leased" in waits[-1] and "proxies unban" in waits[-1]
+        assert other.unban(banned.proxy_id) == [banned.proxy_id]
+        request = yield d  # the next poll of the hub finds it
+        assert request.meta["proxy_label"] == banned.label
+        mw.process_response(request, response(request))
+    finally:
+        other.release(held, "released")
+        other.hub.close()
+        yield deferred_from_coro(mw.spider_closed())
+
+
+SLOW_SECONDS = 4
+
+
+@pytest.fixture(scope="module")
+def healing_crawl(tmp_path_factory, origin, proxy_pool):  # noqa: F811
+    """A crawl through a dead proxy (a port nothing listens on) and a live tinyproxy, of
+    pages and of one page slower than DOWNLOAD_TIMEOUT."""
+    tmp_path = tmp_path_factory.mktemp("healing")
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    dead = f"http://127.0.0.1:{free_port()}"
+    live = proxy_pool["proxy-open"].url
+    with open_proxies(hub) as pool:
+        pool.add([dead])  # leased first
+        pool.add([live])
+    urls = tmp_path / "urls.txt"
+    pages = [f"{origin.base}/page/heal-{n}" for n in range(6)]
+    slow = f"{origin.base}/slow/{SLOW_SECONDS}/1"
+    urls.write_text("\n".join([pages[0], slow, *pages[1:]]) + "\n")
+    log_file = tmp_path / "crawl.log"
+    settings = {
+        **crawl_settings(hub, log_file),
+        "PROXY_ROTATE_EVERY": 100,
+        # A ban would stall this one-proxy crawl for this long: long enough to be seen,
+        # short enough that a crawl that bans wrongly still ends.
+        "PROXY_BAN_REST_SECONDS": 20,
+        "CONCURRENT_REQUESTS": 2,
+        "DOWNLOAD_TIMEOUT": 1.5,
+        "RETRY_ENABLED": True,
+        "RETRY_TIMES": 1,
+    }
+    done, _, data = run_site_crawl(tmp_path, urls, settings)
+    log = log_file.read_text() if log_file.exists() else ""
+    assert done.returncode in (0, 1), done.stderr[-3000:] + log[-3000:]
+    lines = [json.loads(line) for line in (data[0] / "fetch_log.jsonl").read_text().splitlines()]
+    with open_proxies(hub) as pool:
+        proxies = {redact_url(p.url): p for p in pool.proxies()}
+    return {"dead": dead, "live": redact_url(live), "slow": slow, "pages": pages} | {
+        "lines": lines,
+        "proxies": proxies,
+        "log": log,
+    }
+
+
+def test_a_proxy_that_serves_a_slow_page_stays_unbanned(healing_crawl):
+    crawl = healing_crawl
+    live = crawl["proxies"][crawl["live"]]
+    assert (live.bans, live.consecutive_bans) == (0, 0) and live.state != "banned"
+    slow = [
+        line
+        for line in crawl["lines"]
+        if line["url"] == crawl["slow"] and line.get("proxy") == crawl["live"]
+    ]
+    assert [line["outcome"] for line in slow] == ["retry", "error"], crawl["lines"]
+    assert all("TimeoutError" in line["error"] for line in slow)
+    ok = {line["url"] for line in crawl["lines"] if line["outcome"] == "ok"}
+    assert ok == set(crawl["pages"]), "every other page came through the same proxy"
+
+
+def test_a_dead_proxys_refusal_is_counted_as_the_proxys(healing_crawl):
+    crawl = healing_crawl
+    dead = crawl["proxies"][crawl["dead"]]
+    blamed = [line for line in crawl["lines"] if line.get("proxy") == crawl["dead"]]
+    # Each request in flight through it when it failed: one failure and one ban each.
+    assert dead.state == "banned" and dead.bans == dead.failures == len(blamed) >= 1
+    assert {line["outcome"] for line in blamed} == {"retry"}
+    assert all(
+        "is down" in line["error"] and "not the target's" in line["error"] for line in blamed
+    )
+    assert "is down: DownloadConnectionRefusedError" in crawl["log"]
+    assert f"'proxy/down': {len(blamed)}" in crawl["log"]
+    # The targets are not blamed: their pages came through the other proxy.
+    for line in blamed:
+        retried = [x for x in crawl["lines"] if x["url"] == line["url"] and x is not line]
+        assert retried and all(x.get("proxy") == crawl["live"] for x in retried)
+        assert line["url"] == crawl["slow"] or [x["outcome"] for x in retried] == ["ok"]

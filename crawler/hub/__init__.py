@@ -33,7 +33,7 @@ from crawler.hub.leases import (
     PoolClosedError,
 )
 from crawler.hub.locks import AdvisoryLock
-from crawler.hub.proxies import SCHEMA_VERSION, ProxyPool, ProxyRow, UsageRow
+from crawler.hub.proxies import SCHEMA_VERSION, PoolOutlook, ProxyPool, ProxyRow, UsageRow
 from crawler.hub.redact import normalize_proxy_url, redact_text, redact_url
 from crawler.hub.workqueue import QueueProgress, WorkBatch, WorkQueue, WorkQueueError
 
@@ -56,6 +56,7 @@ __all__ = [
     "LeasePool",
     "LeaseView",
     "PoolClosedError",
+    "PoolOutlook",
     "ProxyPool",
     "ProxyRow",
     "QueueProgress",

@@ -93,9 +93,28 @@ class ProxyAdmin:
         return self.add(read_proxy_file(path))
 
     def set_enabled(self, ref: str, enabled: bool) -> str:
+        """Enable or disable a proxy. Enabling does not lift a ban (the hub's verdict, not
+        the operator's switch): the answer says so when the proxy is banned."""
         row = self.pool.find(ref)
         self.pool.set_enabled(row.id, enabled)
-        return f"proxy #{row.id} {row.label} {'enabled' if enabled else 'disabled'}"
+        done = f"proxy #{row.id} {row.label} {'enabled' if enabled else 'disabled'}"
+        now = self.hub.now()
+        if not (enabled and row.state == "banned" and (row.resting_until or 0) > now):
+            return done
+        return (
+            f"{done}; it stays banned until {_when(row.resting_until, now)}: enabling does "
+            f"not lift a ban, `scrapy proxies unban {row.id}` does"
+        )
+
+    def unban(self, ref: str | None) -> str:
+        """Lift the ban of one proxy (*ref*), or of every banned proxy (None)."""
+        if ref is None:
+            lifted = self.pool.unban()
+            return f"lifted the ban of {len(lifted)} proxies in the hub {self.hub.label}"
+        row = self.pool.find(ref)
+        if self.pool.unban(row.id):
+            return f"proxy #{row.id} {row.label}: ban lifted, it may be leased at once"
+        return f"proxy #{row.id} {row.label} was not banned"
 
     def list(self) -> str:
         now = self.hub.now()

@@ -258,6 +258,12 @@ class LeasePool:
         """Requests waiting for a lease."""
         return self._waiting
 
+    @property
+    def longest_wait(self) -> float:
+        """Seconds the request waiting longest has waited (0: none waits)."""
+        since = [w.since for w in self._waiters if w.since is not None]
+        return self.clock.now() - min(since) if since else 0.0
+
     def lease_of(self, token: int) -> LeaseView | None:
         """The lease of an attempt not yet finished, or None."""
         held = self._attempts.get(token)

@@ -130,6 +130,23 @@ class ProxyRow:
 
 
 @dataclass(frozen=True)
+class PoolOutlook:
+    """What :meth:`ProxyPool.outlook` found: at the hub's time *now*, the enabled
+    proxies, those leased, and the proxy whose rest or ban ends first (None: none rests)."""
+
+    now: float
+    enabled: int
+    leased: int
+    next_id: int | None
+    next_state: str | None
+    next_free_at: float | None
+
+    @property
+    def next_free_in(self) -> float | None:
+        return None if self.next_free_at is None else max(self.next_free_at - self.now, 0.0)
+
+
+@dataclass(frozen=True)
 class UsageRow:
     id: int
     proxy_id: int
@@ -202,6 +219,39 @@ class ProxyPool:
             self.hub.execute(sql)
         else:
             self.hub.execute(sql + " WHERE id = ?", (proxy_id,))
+
+    def unban(self, proxy_id: int | None = None) -> list[int]:
+        """Lift the bans of banned proxies (all, or one): they may be leased at once, and
+        a later ban rests the first ban's rest again. Returns the ids whose ban was on."""
+        where, params = ("WHERE state = 'banned'", ())
+        if proxy_id is not None:
+            where, params = where + " AND id = ?", (proxy_id,)
+        with self.hub.transaction() as tx:
+            live = tx.execute(
+                f"SELECT id FROM hub_proxies {where} AND resting_until > NOW() ORDER BY id",
+                params,
+            ).fetchall()
+            tx.execute(
+                "UPDATE hub_proxies SET state = 'free', resting_until = NULL, "
+                f"consecutive_bans = 0 {where}",
+                params,
+            )
+        return [row[0] for row in live]
+
+    def outlook(self) -> PoolOutlook:
+        """The enabled proxies now: how many are leased, and whose rest or ban ends next."""
+        with self.hub.transaction() as tx:
+            now, enabled, leased = tx.execute(
+                "SELECT NOW(), COUNT(*), COALESCE(SUM(CASE WHEN state = 'leased' "
+                "AND lease_expires >= NOW() THEN 1 ELSE 0 END), 0) "
+                "FROM hub_proxies WHERE enabled = 1"
+            ).fetchone()
+            rest = tx.execute(
+                "SELECT id, state, resting_until FROM hub_proxies WHERE enabled = 1 "
+                "AND state <> 'leased' AND resting_until > NOW() "
+                "ORDER BY resting_until, id LIMIT 1"
+            ).fetchone()
+        return PoolOutlook(float(now), int(enabled), int(leased), *(rest or (None, None, None)))
 
     def proxies(self) -> list[ProxyRow]:
         rows = self.hub.query(f"SELECT {_PROXY_COLUMNS} FROM hub_proxies ORDER BY id")
