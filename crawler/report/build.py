@@ -26,7 +26,7 @@ from crawler.report.sources import (
     read_queues,
 )
 from crawler.runsettings import crawl_settings
-from crawler.storage.datadir import RUNS_NAME
+from crawler.storage.datadir import DataDir
 from crawler.storage.runlog import last_run
 
 logger = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class ReportBuilder:
             total.merge(stats)
         now = self.clock()
         hub = read_hub(self.hub_url, now) if self.hub_url else None
-        run = last_run(self.data_dir / RUNS_NAME)
+        run = last_run(DataDir(self.data_dir).runs_path)
         report = Report(layout, now, catalog, tasks, total, hub, self.run_settings(run), run=run)
         if self.hub_url:
             report.queues = read_queues(self.hub_url)
