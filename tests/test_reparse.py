@@ -15,13 +15,16 @@ from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.reparse.plan import ReparseConfig, plan, select_rows
 from crawler.reparse.runner import Progress, Reparse
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import ROOT, run_crawl, write_urls
+from tests.conftest import ROOT, write_urls
+from tests.crawls import crawl_site
+from tests.crawls import crawled as crawled_now
 
 PATHS = [f"page/{n}.html" for n in range(200, 208)] + [
     "product/3.html",
@@ -36,10 +39,10 @@ PATHS = [f"page/{n}.html" for n in range(200, 208)] + [
 def crawled(site, tmp_path_factory):
     """A data directory crawled by the ``site`` spider, with the items it produced."""
     root = tmp_path_factory.mktemp("reparse")
-    urls = write_urls(root / "urls.txt", [f"{site.base_url}/{p}" for p in PATHS])
+    urls = [f"{site.base_url}/{p}" for p in PATHS]
     data_dir = root / "data"
-    result = run_crawl(urls, data_dir, "-a", "summaries=1", "-o", str(root / "crawl.jsonl"))
-    assert result.returncode == 0, result.stderr
+    feed = {str(root / "crawl.jsonl"): {"format": "jsonl"}}  # -o crawl.jsonl
+    crawled_now(crawl_site(urls, data_dir, {"FEEDS": feed}, summaries="1"))
     return data_dir, read_jsonl(root / "crawl.jsonl")
 
 
@@ -297,12 +300,12 @@ PROBE_SPIDER = """
 """
 
 
-def test_responses_are_rebuilt_faithfully(site, tmp_path, monkeypatch):
+@deferred_f_from_coro_f
+async def test_responses_are_rebuilt_faithfully(site, tmp_path, monkeypatch):
     base = site.base_url
     paths = ["page/1.html", "latin1/6", "binary/5", "redirect/4", "sitemap.xml", "gone/2"]
     data_dir = tmp_path / "data"
-    result = run_crawl(write_urls(tmp_path / "urls.txt", [f"{base}/{p}" for p in paths]), data_dir)
-    assert result.returncode == 0, result.stderr
+    await crawl_site([f"{base}/{p}" for p in paths], data_dir)
     package = tmp_path / "mods" / "probespiders"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
