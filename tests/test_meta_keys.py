@@ -3,60 +3,49 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import textwrap
+import logging
 from collections import Counter
 
+import scrapy
+from scrapy.utils.defer import deferred_f_from_coro_f
+
 from tests.checks import actions, catalog_rows, rows_by_url
-from tests.cmdline import run_scrapy
-
-SPIDER = """
-    import json
-    import scrapy
-
-    class PlanSpider(scrapy.Spider):
-        name = "plan"
-
-        def __init__(self, plan, revalidate="no", **kwargs):
-            super().__init__(**kwargs)
-            self.plan = json.loads(open(plan).read())
-            self.revalidate = revalidate == "yes"
-
-        async def start(self):
-            for url, meta in self.plan:
-                yield scrapy.Request(url, meta=meta)
-
-        def parse(self, response):
-            yield {"url": response.url}
-"""
+from tests.crawls import crawl as crawl_with
 
 
-def crawl(tmp_path, data_dir, plan: list, revalidate: bool = False):
-    spider = tmp_path / "plan_spider.py"
-    spider.write_text(textwrap.dedent(SPIDER))
-    plan_file = tmp_path / "plan.json"
-    plan_file.write_text(json.dumps(plan))
-    result = run_scrapy(
-        "runspider", str(spider), "-a", f"plan={plan_file}",
-        "-a", f"revalidate={'yes' if revalidate else 'no'}",
-        "-s", f"DATA_DIR={data_dir}", "-s", "AUTOTHROTTLE_ENABLED=0", timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+class PlanSpider(scrapy.Spider):
+    name = "plan"
+
+    def __init__(self, plan, revalidate=False, **kwargs):
+        super().__init__(**kwargs)
+        self.plan = plan
+        self.revalidate = revalidate
+
+    async def start(self):
+        for url, meta in self.plan:
+            yield scrapy.Request(url, meta=meta)
+
+    def parse(self, response):
+        yield {"url": response.url}
+
+
+async def crawl(data_dir, plan: list, revalidate: bool = False):
+    return await crawl_with(PlanSpider, data_dir, plan=plan, revalidate=revalidate)
 
 
 def outcomes(data_dir, since: int) -> Counter:
     return Counter((e["url"].rsplit("/", 1)[1], e["outcome"]) for e in actions(data_dir)[since:])
 
 
-def test_catalog_revalidate_overrides_the_spiders_attribute(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_catalog_revalidate_overrides_the_spiders_attribute(site, data_dir):
     a, b = (f"{site.base_url}/page/{n}.html" for n in (180, 181))
-    crawl(tmp_path, data_dir, [[a, {}], [b, {}]])
+    await crawl(data_dir, [[a, {}], [b, {}]])
     etags = {u: r.etag for u, r in rows_by_url(data_dir).items()}
 
     site.reset_counts()
     seen = len(actions(data_dir))
-    crawl(tmp_path, data_dir, [[a, {"catalog_revalidate": True}], [b, {}]])
+    await crawl(data_dir, [[a, {"catalog_revalidate": True}], [b, {}]])
     assert site.request_headers["/page/180.html"]["If-None-Match"] == etags[a]
     assert site.counts["/page/181.html"] == 0
     assert outcomes(data_dir, seen) == {
@@ -66,7 +55,7 @@ def test_catalog_revalidate_overrides_the_spiders_attribute(site, tmp_path, data
 
     site.reset_counts()
     seen = len(actions(data_dir))
-    crawl(tmp_path, data_dir, [[a, {"catalog_revalidate": False}], [b, {}]], revalidate=True)
+    await crawl(data_dir, [[a, {"catalog_revalidate": False}], [b, {}]], revalidate=True)
     assert site.counts["/page/180.html"] == 0
     assert site.request_headers["/page/181.html"]["If-None-Match"] == etags[b]
     assert outcomes(data_dir, seen) == {
@@ -75,22 +64,25 @@ def test_catalog_revalidate_overrides_the_spiders_attribute(site, tmp_path, data
     }
 
 
-def test_catalog_key_is_used_instead_of_the_computed_one(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_catalog_key_is_used_instead_of_the_computed_one(site, data_dir):
     key = hashlib.sha256(b"my own key for page 182").hexdigest()
     url = f"{site.base_url}/page/182.html"
-    crawl(tmp_path, data_dir, [[url, {"catalog_key": key}]])
+    await crawl(data_dir, [[url, {"catalog_key": key}]])
     rows = catalog_rows(data_dir)
     assert list(rows) == [key] and rows[key].url == url
     assert [(e["key"], e["outcome"]) for e in actions(data_dir)] == [(key, "ok")]
 
 
-def test_another_url_under_a_stored_key_is_not_fetched(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_another_url_under_a_stored_key_is_not_fetched(site, data_dir, caplog):
     key = hashlib.sha256(b"my own key for page 183").hexdigest()
     a, b, c = (f"{site.base_url}/page/{n}.html" for n in (183, 184, 185))
-    crawl(tmp_path, data_dir, [[a, {"catalog_key": key}]])
+    await crawl(data_dir, [[a, {"catalog_key": key}]])
     site.reset_counts()
-    result = crawl(tmp_path, data_dir, [[b, {"catalog_key": key}], [c, {}]])
-    assert "ERROR" not in result.stderr
+    caplog.clear()
+    await crawl(data_dir, [[b, {"catalog_key": key}], [c, {}]])
+    assert not [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert site.counts["/page/184.html"] == 0
     assert actions(data_dir)[1]["key"] == key and actions(data_dir)[1]["outcome"] == "cache_hit"
     assert set(rows_by_url(data_dir)) == {a, c}
