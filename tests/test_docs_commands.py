@@ -29,6 +29,8 @@ RUNS = {
     "readme": ["README.md"],
     "tutorial": [
         "docs/tutorial.md",
+        "docs/how-to/crawling.md",
+        "docs/how-to/reparse.md",
         "docs/how-to/catalog-tools.md",
         "docs/how-to/reading-data.md",
     ],
