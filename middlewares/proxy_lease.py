@@ -5,7 +5,10 @@ same proxy at the same time: each process leases up to ``PROXY_LEASES_PER_PROCES
 proxies from the hub (``HUB_URL``, see ``crawler/hub/``), spreads its requests over
 them, renews the leases with a heartbeat, lets a proxy go after ``PROXY_ROTATE_EVERY``
 uses (only once every request it sent through it has finished) and ends a lease at once
-when the proxy looks banned, retrying the request through another proxy.
+when the proxy looks banned, retrying the request through another proxy. A timeout or a
+lost connection is held against the proxy only when it is the proxy's doing (it does
+not answer a fresh connection, or it failed for several hosts in a row): a slow target
+page does not ban the proxy that fetched it.
 
 The lease state machine is :class:`crawler.hub.leases.LeasePool`; this middleware is
 its Scrapy side: settings, request meta, ban verdicts, retries, stats and logs. Every
@@ -608,14 +611,14 @@ class ProxyLeaseMiddleware:
 
     async def _proxy_fault(self, request: Request, lease: LeaseView, name: str) -> str | None:
         """Why a timeout or a refused or dropped connection through *lease* is the
-        proxy's fault, or None: the target's. The proxy is down when a connection of our
-        own to it fails as well; it is failing when it failed so for
+        proxy's fault, or None: the target's. The proxy is down when a fresh connection
+        to it fails as well; it is failing when it failed so for
         PROXY_BAN_FAILED_HOSTS different hosts in a row (a response resets the count).
         A slow or refusing target page alone never bans the proxy that went to it."""
         if not await self._answers(lease):
             self.stats.inc_value("proxy/down")
             return (
-                f"is down: {name}, and a connection of its own to the proxy fails too "
+                f"is down: {name}, and a fresh connection to the proxy fails too "
                 "(the proxy's failure, not the target's)"
             )
         hosts = self._failed_hosts.setdefault(lease.proxy_id, set())
