@@ -312,3 +312,24 @@ def test_every_table_of_a_catalog_is_documented(tmp_path):
         f"catalog tables not documented: {', '.join(missing)}; describe each in "
         f"{DATADIR_PAGE.relative_to(ROOT)}"
     )
+
+
+def test_every_path_of_a_data_directory_is_documented():
+    from crawler.storage.datadir import DataDir
+
+    datadir = DataDir(Path("data"))
+    paths = {
+        name: getattr(datadir, name)
+        for name, value in vars(DataDir).items()
+        if isinstance(value, property)
+    }
+    text = DATADIR_PAGE.read_text(encoding="utf-8")
+    missing = [
+        f"{path} (DataDir.{name})"
+        for name, path in sorted(paths.items())
+        if isinstance(path, Path) and str(path) not in text
+    ]
+    assert paths and not missing, (
+        f"paths of a data directory not documented: {', '.join(missing)}; add each to "
+        f"the listing at the top of {DATADIR_PAGE.relative_to(ROOT)}"
+    )
