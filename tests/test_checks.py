@@ -7,14 +7,14 @@ import shutil
 import pytest
 
 from tests.checks import catalog_rows, response_records
-from tests.conftest import run_crawl, write_urls
+from tests.crawls import crawl_site
+from tests.crawls import crawled as crawled_now
 
 
 @pytest.fixture
-def crawled(site, tmp_path, data_dir):
+def crawled(site, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in (120, 121, 122)]
-    result = run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir)
-    assert result.returncode == 0, result.stderr
+    crawled_now(crawl_site(urls, data_dir))
     rows = sorted(catalog_rows(data_dir).values(), key=lambda r: r.offset)
     assert len(rows) == 3 and len({r.archive for r in rows}) == 1
     assert response_records(data_dir) == {r.key: 1 for r in rows}

@@ -6,9 +6,11 @@ import re
 
 import duckdb
 from duckdb_extensions import import_extension
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from tests.checks import catalog_rows
-from tests.conftest import ROOT, run_crawl, write_urls
+from tests.conftest import ROOT
+from tests.crawls import crawl_site
 
 
 def readme_queries() -> list[str]:
@@ -19,9 +21,10 @@ def readme_queries() -> list[str]:
     return [s.strip() for s in block.split(";") if s.strip()]
 
 
-def test_duckdb_runs_the_readme_queries_on_a_catalog(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_duckdb_runs_the_readme_queries_on_a_catalog(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(5)] + [f"{site.base_url}/missing/1"]
-    assert run_crawl(write_urls(tmp_path / "u.txt", urls), data_dir).returncode == 0
+    await crawl_site(urls, data_dir)
     rows = catalog_rows(data_dir)
     # An extension directory of the test's own, filled from the Python package as
     # `make install` does: DuckDB's INSTALL finds it there and downloads nothing.

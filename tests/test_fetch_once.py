@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 
+from scrapy.utils.defer import deferred_f_from_coro_f
+
 from tests.checks import actions, response_records
-from tests.conftest import run_crawl, write_urls
+from tests.crawls import crawl_site
 from tests.rawserver import RawServer, response
 
 
@@ -17,7 +19,8 @@ def page(*links: str) -> bytes:
     )
 
 
-def test_a_page_met_again_higher_up_is_fetched_once(tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_a_page_met_again_higher_up_is_fetched_once(data_dir):
     p_requested = threading.Event()
 
     def b_after_p(path: str) -> bytes:
@@ -31,17 +34,13 @@ def test_a_page_met_again_higher_up_is_fetched_once(tmp_path, data_dir):
         return page("/q")
 
     server = RawServer({"/a": page("/c"), "/c": page("/p"), "/b": b_after_p, "/p": p, "/q": page()})
-    urls = write_urls(tmp_path / "u.txt", [server.url("/a"), server.url("/b")])
-    result = run_crawl(
-        urls,
-        data_dir,
-        "-a", "depth=2",
-        "-s", "ROBOTSTXT_OBEY=0",
+    settings = {
+        "ROBOTSTXT_OBEY": "0",
         # Rows reach the catalog seconds after their fetch.
-        "-s", "CATALOG_BATCH_SIZE=10000",
-        "-s", "CATALOG_FLUSH_SECONDS=2",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+        "CATALOG_BATCH_SIZE": "10000",
+        "CATALOG_FLUSH_SECONDS": "2",
+    }
+    await crawl_site([server.url("/a"), server.url("/b")], data_dir, settings, depth="2")
     assert {path: server.counts[path] for path in ("/a", "/b", "/c", "/p", "/q")} == dict.fromkeys(
         ("/a", "/b", "/c", "/p", "/q"), 1
     )

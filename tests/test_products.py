@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 from scrapy.http import HtmlResponse, Request
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.spiderkit.parsers import hrefs, page_summary
 from demo.site import DemoSite
-from spiders.products import parse_product
+from spiders.products import ProductsSpider, parse_product
 from tests.cmdline import read_jsonl
-from tests.conftest import run_crawl, write_urls
+from tests.conftest import write_urls
+from tests.crawls import crawl
 
 SHOP = DemoSite(pages=100, page_bytes=8000, seed=3)
 
@@ -60,13 +62,14 @@ def test_links_of_a_page_are_its_summary_links(n):
     assert len(links) == page_summary(page).links == (8 if n % 50 else 13)
 
 
-def test_products_crawl(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_products_crawl(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/product/{n}.html" for n in (1, 2)] + [f"{site.base_url}/page/1.html"]
     out = tmp_path / "products.jsonl"
-    result = run_crawl(
-        write_urls(tmp_path / "u.txt", urls), data_dir, "-o", str(out), spider="products"
+    feed = {str(out): {"format": "jsonl"}}  # -o products.jsonl
+    await crawl(
+        ProductsSpider, data_dir, {"FEEDS": feed}, urls=str(write_urls(tmp_path / "u.txt", urls))
     )
-    assert result.returncode == 0, result.stderr
     items = read_jsonl(out)
     assert sorted(i["sku"] for i in items) == ["SKU-000001", "SKU-000002"]
     assert all(i["price"] == site.product(int(i["sku"][4:]))["price"] for i in items)
