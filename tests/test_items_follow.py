@@ -46,7 +46,11 @@ def followed(data_dir) -> int:
 
 def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/slow/{n}?ms=40" for n in range(PAGES)]
+    # Held until the first kill: the crawl cannot finish first, however slowly the
+    # follower starts on a loaded machine.
+    urls[1] = f"{site.base_url}/hold/slow/1?ms=40"
     url_file = write_urls(tmp_path / "urls.txt", urls)
+    site.hold()
     crawl = start_crawl(
         url_file,
         data_dir,
@@ -67,6 +71,7 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
             )
             kill_group(proc, signal.SIGKILL)
             at_kill.append(followed(data_dir))
+            site.release()
         # SIGTERM: it finishes the batch in hand and exits cleanly.
         term_log = tmp_path / "follow-term.log"
         proc = follower(data_dir, term_log, "-s", "LOG_LEVEL=INFO")
@@ -84,6 +89,7 @@ def test_follow_killed_and_restarted_parses_every_page_once(site, tmp_path, data
         assert crawl.wait(timeout=300) == 0
         assert last.wait(timeout=300) == 0, (tmp_path / "follow-last.log").read_text()[-3000:]
     finally:
+        site.release()
         kill_group(crawl, signal.SIGKILL)
 
     print("pages followed at each kill:", at_kill)
