@@ -13,6 +13,7 @@ import pytest
 
 from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts, redact_url
 from crawler.report import logread
+from crawler.report.advice import advice
 from crawler.report.html import lease_spans
 from crawler.report.logread import MAX_BINS, LogFollower, LogStats, read_action_log
 from crawler.report.sources import ReportError, read_hub
@@ -157,3 +158,67 @@ def test_follower_reads_only_what_was_appended(tmp_path):
     assert follower.stats.ok_bytes == 1100
     log.write_text(line(1) + "\n")  # replaced by a shorter log
     assert follower.update().lines == 1
+
+
+def _lines(path, seconds, outcome="ok", **fields) -> None:
+    with path.open("a") as out:
+        for s in seconds:
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(1_767_225_600 + s))
+            entry = {"ts": f"{ts}.000Z", "url": "http://a.test/", "outcome": outcome}
+            out.write(json.dumps({"bytes": 1000, **entry, **fields}) + "\n")
+
+
+def test_rates_count_active_time_not_stalls_or_time_between_runs(tmp_path):
+    log = tmp_path / "fetch_log.jsonl"
+    _lines(log, range(10))  # 10 pages in 9 s, ten minutes of nothing, 10 more
+    _lines(log, range(609, 619))
+    stats = read_action_log(log)
+    assert stats.span_seconds == 618
+    assert stats.active_seconds == 19  # the 599 s with no line at all left out
+    assert stats.pages_per_second == pytest.approx(20 / 19)
+    # A pause shorter than IDLE_GAP_SECONDS is part of the crawl's time.
+    short = tmp_path / "short.jsonl"
+    _lines(short, [0, 1, 2 + logread.IDLE_GAP_SECONDS - 2])
+    assert read_action_log(short).active_seconds == logread.IDLE_GAP_SECONDS
+
+
+def test_each_run_gets_its_own_lines(tmp_path):
+    log = tmp_path / "fetch_log.jsonl"
+    _lines(log, range(10))
+    _lines(log, range(600, 605), "error", error="HTTP 500", status=500)
+    follower = LogFollower(log, starts=[1_767_225_600 + 300])
+    follower.update()
+    before, second = follower.runs
+    assert (before.pages, before.outcomes["error"], before.active_seconds) == (10, 0, 9)
+    assert (second.pages, second.outcomes["error"], second.active_seconds) == (0, 5, 4)
+    # A run recorded later takes the lines from its start on.
+    _lines(log, range(900, 903))
+    follower.set_starts([1_767_225_600 + 300, 1_767_225_600 + 800])
+    follower.update()
+    assert [r.lines for r in follower.runs] == [10, 5, 3]
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "kind"),
+    [
+        ("500 Internal Server Error", 500, "HTTP 500"),  # a retry's reason
+        ("HTTP 500", 500, "HTTP 500"),  # the final error's
+        (None, 503, "HTTP 503"),
+        (
+            "twisted.internet.error.TimeoutError: User timeout caused connection failure.",
+            None,
+            "TimeoutError",
+        ),  # fmt: skip
+        (
+            "TimeoutError: Getting http://a.test/ took longer than 180.0 seconds.",
+            None,
+            "TimeoutError",
+        ),  # fmt: skip
+        ("Forbidden by robots.txt", None, logread.ROBOTS_KIND),
+        ("/data/urls.txt:32: contains white space: 'not a url'", None, logread.BAD_LINE_KIND),
+        ("/other/list.txt:7: not a URL", None, logread.BAD_LINE_KIND),
+    ],
+)
+def test_one_name_per_cause_and_what_to_do(error, status, kind):
+    assert logread.error_kind(error, status) == kind
+    assert advice(kind) != advice("SomethingUnheardOf")

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from crawler.hub.redact import redact_url
@@ -27,9 +28,21 @@ from crawler.report.sources import (
 )
 from crawler.runsettings import crawl_settings
 from crawler.storage.datadir import DataDir
-from crawler.storage.runlog import last_run
+from crawler.storage.runlog import read_runs
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RunReport:
+    """One run's share of the action logs: the lines from its start (runs.jsonl) to
+    the next run's. Run 0 holds the lines older than the first recorded run, or all of
+    them when the data directory has no runs.jsonl."""
+
+    number: int
+    entry: dict | None  # its line of runs.jsonl
+    total: LogStats
+    tasks: dict[str, LogStats]
 
 
 @dataclass
@@ -46,6 +59,7 @@ class Report:
     seconds: float = 0.0  # time taken to collect
     queues: list[QueueSummary] = field(default_factory=list)  # the hub's work queues
     run: dict | None = None  # the latest line of runs.jsonl, whose settings are shown
+    runs: list[RunReport] = field(default_factory=list)  # oldest first
 
 
 def report_settings(
@@ -77,19 +91,37 @@ class ReportBuilder:
         started = time.perf_counter()
         layout = find_layout(self.data_dir)
         catalog = read_catalogs(layout.catalogs) if layout.catalogs else None
+        entries = sorted(read_runs(DataDir(self.data_dir).runs_path), key=run_start)
+        starts = [run_start(entry) for entry in entries]
         tasks: dict[str, LogStats] = {}
         total = LogStats()
+        followers = {}
         for name, path in layout.logs:
             follower = self.followers.get(path)
             if follower is None:
-                follower = self.followers[path] = LogFollower(path)
+                follower = self.followers[path] = LogFollower(path, starts=starts)
+            follower.set_starts(starts)
             stats = follower.update()
             tasks[name] = stats
             total.merge(stats)
+            followers[name] = follower
+        runs = []
+        for number in range(len(starts) + 1):
+            share = {name: f.runs[number] for name, f in followers.items()}
+            run_total = LogStats()
+            for stats in share.values():
+                run_total.merge(stats)
+            if number == 0 and entries and not run_total.lines:
+                continue  # nothing older than the first recorded run
+            runs.append(
+                RunReport(number, entries[number - 1] if number else None, run_total, share)
+            )
         now = self.clock()
         hub = read_hub(self.hub_url, now) if self.hub_url else None
-        run = last_run(DataDir(self.data_dir).runs_path)
-        report = Report(layout, now, catalog, tasks, total, hub, self.run_settings(run), run=run)
+        run = entries[-1] if entries else None
+        report = Report(
+            layout, now, catalog, tasks, total, hub, self.run_settings(run), run=run, runs=runs
+        )
         if self.hub_url:
             report.queues = read_queues(self.hub_url)
         report.seconds = time.perf_counter() - started
@@ -113,6 +145,17 @@ class ReportBuilder:
 
     def write(self, output: Path) -> None:
         write_atomic(Path(output), self.render())
+
+
+def run_start(entry: dict) -> float:
+    """A run's start (runs.jsonl's ``started``, UTC, to the millisecond or, written by
+    an older version, the second) as epoch seconds."""
+    for pattern in ("%Y-%m-%dT%H:%M:%S.%f%z", "%Y-%m-%dT%H:%M:%S%z"):
+        try:
+            return datetime.strptime(str(entry.get("started")), pattern).timestamp()
+        except ValueError:
+            continue
+    return 0.0
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -11,23 +11,35 @@ from datetime import UTC, datetime
 from html import escape
 
 from crawler.report import plots
-from crawler.report.build import Report
-from crawler.report.logread import LogStats
+from crawler.report.advice import advice
+from crawler.report.build import Report, RunReport
+from crawler.report.logread import IDLE_GAP_SECONDS, LogStats
 from crawler.report.sources import HubSummary
 from crawler.storage.actionlog import OUTCOMES
 
 TOP_HOSTS = 20
 TOP_TYPES = 15
+# Runs drawn with their figures, newest first; older runs are rows of the runs table.
+RUN_SECTIONS = 5
 
+# Narrow windows (800 px, a phone): the page never scrolls sideways; a wide table or
+# figure scrolls inside its own box, and long values wrap.
 STYLE = """
-body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:72em;color:#222}
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.8em;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .7em;text-align:left}
-td.n{text-align:right;font-variant-numeric:tabular-nums}tr:nth-child(even){background:#f6f6f6}
-figure.plot{margin:.5em 0}figure.plot svg{max-width:100%;height:auto}
-.note{color:#666}.empty{font-size:1.2em;padding:1em;background:#fff3cd}
-.tiles{display:flex;flex-wrap:wrap;gap:.8em}.tile{border:1px solid #ddd;padding:.5em 1em}
-.tile .n{font-size:1.4em;display:block}
+*{box-sizing:border-box}
+body{font-family:system-ui,sans-serif;margin:1em auto;padding:0 .8em;max-width:60em;color:#222}
+h1{font-size:1.4em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+h3{font-size:1.05em;margin:1.2em 0 .3em}
+.wide{max-width:100%;overflow-x:auto}
+table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;text-align:left;
+vertical-align:top}td.text{min-width:16em}td[data-setting]{overflow-wrap:anywhere}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr:nth-child(even){background:#f6f6f6}
+figure.plot{margin:1em 0;max-width:100%;overflow-x:auto}
+figure.plot figcaption{font-weight:600;margin-bottom:.3em}
+figure.plot svg{display:block;width:100%;min-width:30em;max-width:48em;height:auto}
+.note{color:#555}.empty{font-size:1.2em;padding:1em;background:#fff3cd}
+.tiles{display:flex;flex-wrap:wrap;gap:.6em}.tile{border:1px solid #ddd;padding:.4em .8em}
+.tile .n{font-size:1.3em;display:block}
 """
 
 
@@ -41,9 +53,10 @@ def cell(name: str, value: float, text: str | None = None) -> str:
 
 
 def figure(name: str, svg: str, caption: str) -> str:
+    """A figure with its title above it (a caption below reads as the next one's)."""
     return (
-        f'<figure class="plot" id="plot-{name}">{svg}'
-        f"<figcaption>{escape(caption)}</figcaption></figure>"
+        f'<figure class="plot" id="plot-{name}">'
+        f"<figcaption>{escape(caption)}</figcaption>{svg}</figure>"
     )
 
 
@@ -58,9 +71,19 @@ def rate_text(span: float, rate: float) -> str:
     return f"{rate:,.2f}" if span else "-"
 
 
+def size(nbytes: float) -> str:
+    divisor, unit = plots.byte_unit(nbytes)
+    return f"{nbytes / divisor:,.1f} {unit[:-2]}" if divisor > 1 else f"{nbytes:,.0f} bytes"
+
+
+def bytes_rate_text(rate: float) -> str:
+    divisor, unit = plots.byte_unit(rate)
+    return f"{rate / divisor:,.1f} {unit}"
+
+
 def table(headers: list[str], rows: list[str]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    return f'<div class="wide"><table><tr>{head}</tr>{"".join(rows)}</table></div>'
 
 
 def render_page(report: Report) -> str:
@@ -77,7 +100,7 @@ def render_page(report: Report) -> str:
     else:
         body += [
             summary_section(report),
-            rate_section(report),
+            runs_section(report),
             catalog_section(report),
             hosts_section(report.total),
             proxy_section(report.total, report.hub),
@@ -98,60 +121,155 @@ def summary_section(report: Report) -> str:
     tiles = []
     if catalog is not None:
         tiles.append(("stored pages (catalog rows)", stat("catalog:rows", catalog.rows)))
-        tiles.append(("stored bytes", stat("catalog:bytes", catalog.bytes)))
+        tiles.append(("stored bytes", stat("catalog:bytes", catalog.bytes, size(catalog.bytes))))
     tiles.append(("action-log lines", stat("log:lines", total.lines)))
     for outcome in OUTCOMES:
         tiles.append((outcome, stat(f"outcome:{outcome}", total.outcomes[outcome])))
     if total.bad_lines:
         tiles.append(("unreadable log lines", stat("log:bad_lines", total.bad_lines)))
-    span = total.span_seconds
-    rate = total.pages / span if span else 0.0
-    tiles.append(("mean pages/s", stat("log:pages_per_s", rate, rate_text(span, rate))))
+    active, rate = total.active_seconds, total.pages_per_second
+    tiles.append(("active time", stat("log:active_s", active, duration(active))))
+    tiles.append(("pages/s while active", stat("log:pages_per_s", rate, rate_text(active, rate))))
     html = "".join(
         f'<div class="tile">{value}<span>{escape(label)}</span></div>' for label, value in tiles
     )
-    extra = ""
+    extra = (
+        f'<p class="note">Over every run in the action logs. Rates count active time: '
+        f"a stretch of {IDLE_GAP_SECONDS} s or more without any attempt (a stall, the "
+        "time between runs) is left out.</p>"
+    )
     if total.first_problem:
-        extra = f'<p class="note">First unreadable line: {escape(total.first_problem)}</p>'
-    return f'<h2>Summary</h2><div class="tiles">{html}</div>{extra}'
+        extra += f'<p class="note">First unreadable line: {escape(total.first_problem)}</p>'
+    return (
+        f'<h2>Summary</h2><div class="tiles">{html}</div>{extra}'
+        + runs_table(report)
+        + tasks_table(report.tasks)
+    )
 
 
-def rate_section(report: Report) -> str:
+def tasks_table(tasks: dict[str, LogStats], prefix: str = "task") -> str:
+    """One row per action log (a Slurm task's, or the data directory's own)."""
+    rows = []
+    for name, stats in tasks.items():
+        active, rate = stats.active_seconds, stats.pages_per_second
+        failed = stats.outcomes["retry"] + stats.outcomes["error"]
+        key = f"{prefix}:{name}"
+        rows.append(
+            f"<tr><td>{escape(name)}</td>{cell(f'{key}:lines', stats.lines)}"
+            f"{cell(f'{key}:pages', stats.pages)}{cell(f'{key}:failed', failed)}"
+            f"<td>{when(stats.first_ts)}</td>{cell(f'{key}:active_s', active, duration(active))}"
+            f"{cell(f'{key}:pages_per_s', rate, rate_text(active, rate))}</tr>"
+        )
+    headers = ["task", "lines", "pages (ok)", "retries + errors", "first", "active", "pages/s"]
+    return "<h3>Action logs</h3>" + table(headers, rows)
+
+
+def run_title(run: RunReport) -> str:
+    if run.entry is None:
+        return "Before the first recorded run" if run.number == 0 and run.total.first_ts else "All"
+    entry = run.entry
+    return (
+        f"Run {run.number}: {entry.get('spider', '?')}, started {entry.get('started', '?')} "
+        f"on {entry.get('host', '?')} (pid {entry.get('pid', '?')})"
+    )
+
+
+def runs_table(report: Report) -> str:
+    """Every run (runs.jsonl) with its own counts and rates."""
+    if not report.runs:
+        return ""
+    rows = []
+    for run in reversed(report.runs):
+        stats, n = run.total, run.number
+        active, rate = stats.active_seconds, stats.pages_per_second
+        failed = stats.outcomes["retry"] + stats.outcomes["error"]
+        name = escape(run_title(run).split(":", 1)[0])
+        link = f'<a href="#run-{n}">{name}</a>' if n in shown_runs(report) else name
+        spider = escape(str((run.entry or {}).get("spider", "")))
+        rows.append(
+            f"<tr><td>{link}</td><td>{spider}</td><td>{when(stats.first_ts)}</td>"
+            f"{cell(f'run:{n}:pages', stats.pages)}{cell(f'run:{n}:failed', failed)}"
+            f"{cell(f'run:{n}:active_s', active, duration(active))}"
+            f"{cell(f'run:{n}:pages_per_s', rate, rate_text(active, rate))}</tr>"
+        )
+    headers = ["run", "spider", "first attempt", "pages (ok)", "retries + errors", "active"]
+    return "<h3>Runs (runs.jsonl), newest first</h3>" + table([*headers, "pages/s"], rows)
+
+
+def shown_runs(report: Report) -> set[int]:
+    return {run.number for run in report.runs[-RUN_SECTIONS:]}
+
+
+def runs_section(report: Report) -> str:
+    """One section per run, newest first: its rates over time and its problems."""
     if not report.total.lines:
         return '<h2>Rate</h2><p class="note">No action log: no rates to show.</p>'
-    parts = ["<h2>Rate over time</h2>"]
-    width, bins = report.total.series()
-    if len(report.tasks) > 1:
-        series = {name: stats.series(min_width=width) for name, stats in report.tasks.items()}
-        caption = "Pages and bytes per second, one line per task"
+    parts = []
+    for run in reversed(report.runs[-RUN_SECTIONS:]):
+        parts.append(run_section(run))
+    return "".join(parts)
+
+
+def run_section(run: RunReport) -> str:
+    stats, n = run.total, run.number
+    head = f'<h2 id="run-{n}">{escape(run_title(run))}</h2>'
+    if not stats.lines:
+        return head + '<p class="note">No attempts logged in this run.</p>'
+    active = stats.active_seconds
+    rate = stats.pages_per_second
+    byte_rate = stats.ok_bytes / active if active else 0.0
+    tiles = [
+        ("pages (ok)", stat(f"run:{n}:ok", stats.pages)),
+        ("cache hits", stat(f"run:{n}:cache_hit", stats.outcomes["cache_hit"])),
+        ("retries", stat(f"run:{n}:retry", stats.outcomes["retry"])),
+        ("errors", stat(f"run:{n}:error", stats.outcomes["error"])),
+        ("active time", stat(f"run:{n}:active", active, duration(active))),
+        ("pages/s", stat(f"run:{n}:rate", rate, rate_text(active, rate))),
+        ("stored per second", stat(f"run:{n}:bytes_per_s", byte_rate, bytes_rate_text(byte_rate))),
+    ]
+    html = "".join(
+        f'<div class="tile">{value}<span>{escape(label)}</span></div>' for label, value in tiles
+    )
+    parts = [head, f'<div class="tiles">{html}</div>']
+    width, bins = stats.series()
+    if len(run.tasks) > 1:
+        series = {name: s.series(min_width=width) for name, s in run.tasks.items() if s.lines}
+        caption = "Pages and bytes stored per second, one line per task"
     else:
-        series = {"all": report.total.series()}
-        caption = "Pages and bytes per second"
+        series = {"all": (width, bins)}
+        caption = "Pages and bytes stored per second"
     bin_width = max(w for w, _ in series.values())
     parts.append(
-        figure("rate", plots.rate_figure("rate", series), f"{caption} ({bin_width} s bins)")
+        figure(
+            f"rate-r{n}",
+            plots.rate_figure(f"rate-r{n}", series),
+            f"{caption} ({bin_width} s bins)",
+        )
     )
     parts.append(
         figure(
-            "outcomes",
-            plots.outcome_figure("outcomes", width, bins),
+            f"outcomes-r{n}",
+            plots.outcome_figure(f"outcomes-r{n}", width, bins),
             f"Attempts per second by outcome ({width} s bins)",
         )
     )
-    rows = []
-    for name, stats in report.tasks.items():
-        span = stats.span_seconds
-        rate = stats.pages / span if span else 0.0
-        failed = stats.outcomes["retry"] + stats.outcomes["error"]
-        rows.append(
-            f"<tr><td>{escape(name)}</td>{cell(f'task:{name}:lines', stats.lines)}"
-            f"{cell(f'task:{name}:pages', stats.pages)}{cell(f'task:{name}:failed', failed)}"
-            f"<td>{when(stats.first_ts)}</td><td class='n'>{span:,.1f}</td>"
-            f"{cell(f'task:{name}:pages_per_s', rate, rate_text(span, rate))}</tr>"
-        )
-    headers = ["task", "lines", "pages (ok)", "retries + errors", "first", "seconds", "pages/s"]
-    parts.append(table(headers, rows))
+    parts.append(problems_table(stats, f"run:{n}"))
     return "".join(parts)
+
+
+def problems_table(stats: LogStats, prefix: str) -> str:
+    """Each cause of failed attempts, how often, on how many hosts, what to do."""
+    kinds = stats.kinds()
+    if not kinds:
+        return '<p class="note">No retries or errors.</p>'
+    rows = []
+    for kind, n in kinds.most_common():
+        hosts = sum(1 for counts in stats.host_errors.values() if counts[kind])
+        rows.append(
+            f"<tr><td>{escape(kind)}</td>{cell(f'{prefix}:cause:{kind}', n)}"
+            f"<td class='n'>{hosts:,}</td><td class='text'>{escape(advice(kind))}</td></tr>"
+        )
+    return "<h3>Problems</h3>" + table(["cause", "failed attempts", "hosts", "what to do"], rows)
 
 
 def catalog_section(report: Report) -> str:
@@ -216,9 +334,9 @@ def hosts_section(total: LogStats) -> str:
         + figure(
             "hosts",
             plots.stacked_bar_figure("hosts", hosts, parts, "failed attempts (retry + error)"),
-            "Failed attempts (retries and errors) per host, by kind",
+            "Failed attempts (retries and errors) per host, by cause (all runs)",
         )
-        + table(["host", "failed attempts", "kinds"], rows)
+        + table(["host", "failed attempts", "causes"], rows)
         + note
     )
 

@@ -9,9 +9,11 @@ these bins, not from the lines.
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import json
 import logging
+import re
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,13 +30,30 @@ MAX_HOSTS = 50_000
 # Index of each outcome in a bin's list; the last slot holds the bytes of "ok" lines.
 _SLOT = {name: i for i, name in enumerate(OUTCOMES)}
 _BYTES = len(OUTCOMES)
+# A stretch this long with no attempt at all is a stall, or the time between two runs:
+# it is not counted in a rate's time (a minute: longer than any download timeout a
+# crawl retries within, shorter than a stall anyone would want averaged in).
+IDLE_GAP_SECONDS = 60
+
+_STATUS = re.compile(r"(?:HTTP )?([1-5]\d\d)\b")
+_LIST_LINE = re.compile(r"\S+:\d+: ")
+ROBOTS_KIND = "forbidden by robots.txt"
+BAD_LINE_KIND = "bad line in the URL list"
 
 
 def error_kind(error: str | None, status: int | None) -> str:
-    """A short name for a failure: the exception's name, or the HTTP status."""
+    """One name per cause of failure, whoever wrote the line: ``HTTP 500`` for a
+    retry's "500 Internal Server Error" as for the final error, the exception's class
+    name without its module, a bad line of the URL list whatever its file."""
     if error:
         head = error.split(":", 1)[0].strip()
-        return head[:60] or "error"
+        if match := _STATUS.fullmatch(head) or _STATUS.match(error):
+            return f"HTTP {match.group(1)}"
+        if "robots.txt" in error.lower() and "forbidden" in error.lower():
+            return ROBOTS_KIND
+        if _LIST_LINE.match(error):
+            return BAD_LINE_KIND
+        return head.rsplit(".", 1)[-1][:60] or "error"
     return f"HTTP {status}" if status else "unknown"
 
 
@@ -134,6 +153,31 @@ class LogStats:
             return 0.0
         return self.last_ts - self.first_ts
 
+    @property
+    def active_seconds(self) -> float:
+        """The span less its idle stretches (no attempt for IDLE_GAP_SECONDS or more),
+        as far as the bins tell: rates over it are the crawl's speed while it ran."""
+        keys = sorted(self.bins)
+        idle = sum(
+            gap
+            for a, b in zip(keys, keys[1:], strict=False)
+            if (gap := (b - a - 1) * self.width) >= IDLE_GAP_SECONDS
+        )
+        return max(self.span_seconds - idle, 0.0)
+
+    @property
+    def pages_per_second(self) -> float:
+        """Pages (outcome ok) per active second; 0 when all lines share one instant."""
+        active = self.active_seconds
+        return self.pages / active if active else 0.0
+
+    def kinds(self) -> Counter[str]:
+        """Failed attempts by cause, over every host."""
+        total: Counter[str] = Counter()
+        for counts in self.host_errors.values():
+            total.update(counts)
+        return total
+
     def merge(self, other: LogStats) -> None:
         """Add another log's counts (for the total over several tasks)."""
         while self.width < other.width:
@@ -219,15 +263,31 @@ class LogFollower:
     new lines, not the whole log again. A log that shrank (replaced) is read anew.
     """
 
-    def __init__(self, path: Path, stats: LogStats | None = None):
+    def __init__(self, path: Path, stats: LogStats | None = None, starts: list[float] = ()):
         self.path = Path(path)
         self.stats = stats if stats is not None else LogStats()
         self.offset = 0
         self.number = 0  # lines consumed, for error messages
         self._clock = _Clock()
+        # Runs (DATA_DIR/runs.jsonl) by start time; runs[i] counts the lines from
+        # starts[i - 1] on, runs[0] those before the first start.
+        self.starts = list(starts)
+        self.runs = [LogStats() for _ in range(len(self.starts) + 1)]
 
     def _restart(self) -> None:
         self.stats, self.offset, self.number = LogStats(), 0, 0
+        self.runs = [LogStats() for _ in range(len(self.starts) + 1)]
+
+    def set_starts(self, starts: list[float]) -> None:
+        """Runs as runs.jsonl lists them now: a run appended since the last call gets
+        the lines from its start on; any other change reads the log anew."""
+        starts = list(starts)
+        if starts[: len(self.starts)] != self.starts:
+            self.starts = starts
+            self._restart()
+        elif len(starts) > len(self.starts):
+            self.runs += [LogStats() for _ in starts[len(self.starts) :]]
+            self.starts = starts
 
     def update(self, final: bool = False) -> LogStats:
         """Read what was appended since the last call.
@@ -265,16 +325,22 @@ class LogFollower:
                     where = f"{self.path}:{self.number}"
                     stats.first_problem = f"{where}: {type(exc).__name__}: {exc}"
             return
-        stats.lines += 1
-        stats.outcomes[outcome] += 1
-        nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
-        stats.ok_bytes += nbytes
-        stats.add(ts, outcome, nbytes)
-        if outcome in FAILED:
-            kind = error_kind(entry.get("error"), entry.get("status"))
-            stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
-            if len(stats.host_errors) > MAX_HOSTS:
-                stats.prune_hosts()
-        proxy = entry.get("proxy")
-        if proxy:
-            stats.proxy_outcomes[proxy][outcome] += 1
+        run = self.runs[bisect.bisect_right(self.starts, ts)]
+        _count(stats, entry, ts, outcome)
+        _count(run, entry, ts, outcome)
+
+
+def _count(stats: LogStats, entry: dict, ts: float, outcome: str) -> None:
+    stats.lines += 1
+    stats.outcomes[outcome] += 1
+    nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
+    stats.ok_bytes += nbytes
+    stats.add(ts, outcome, nbytes)
+    if outcome in FAILED:
+        kind = error_kind(entry.get("error"), entry.get("status"))
+        stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
+        if len(stats.host_errors) > MAX_HOSTS:
+            stats.prune_hosts()
+    proxy = entry.get("proxy")
+    if proxy:
+        stats.proxy_outcomes[proxy][outcome] += 1

@@ -27,7 +27,9 @@ COLOURS = {
     "error": "#e76f51",
     "item_error": "#9b5de5",
 }
-WIDE = (9.0, 3.0)
+# 7 inches: 672 px at 96 dpi, drawn at full size in an 800 px wide window.
+WIDE = (7.0, 3.0)
+TIME_LABEL = "time (UTC)"
 
 
 class Canvas:
@@ -71,28 +73,59 @@ def _steps(width: int, bins: list[tuple[float, list[float]]], slot: int) -> tupl
 
 
 def _time_axis(ax) -> None:
-    locator = mdates.AutoDateLocator()
+    """Clock times in UTC, each tick whole (not "25 30 ... 14:03 05"), the zone in the
+    label."""
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=6, tz=UTC)
     ax.xaxis.set_major_locator(locator)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    left, right = ax.get_xlim()
+    pattern = "%H:%M:%S" if right - left < 0.5 else "%m-%d %H:%M"  # in days
+    ax.xaxis.set_major_formatter(mdates.DateFormatter(pattern, tz=UTC))
+    ax.set_xlabel(TIME_LABEL)
     ax.grid(alpha=0.3)
+
+
+def byte_unit(peak: float) -> tuple[float, str]:
+    """(divisor, unit) for a bytes/s axis whose largest value is *peak*: 600000 bytes/s
+    reads as 600 kB/s."""
+    for divisor, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+        if peak >= divisor:
+            return divisor, unit
+    return 1.0, "B/s"
+
+
+def _legend(canvas: Canvas, ax) -> None:
+    """A legend above the plot, outside the data it would hide."""
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        canvas.figure.legend(
+            handles,
+            labels,
+            loc="outside upper center",
+            ncols=min(len(labels), 4),
+            fontsize="small",
+            frameon=False,
+        )
 
 
 def rate_figure(name: str, series: dict[str, tuple[int, list[tuple[float, list[float]]]]]) -> str:
     """Pages/s and bytes/s over time, one line per task."""
-    canvas = Canvas(name, (9.0, 4.5), rows=2)
+    canvas = Canvas(name, (WIDE[0], 5.0), rows=2)
     pages_ax, bytes_ax = canvas.axes
+    peak = max((max(_steps(w, bins, -1)[1]) for w, bins in series.values() if bins), default=0.0)
+    divisor, unit = byte_unit(peak)
     for task, (width, bins) in series.items():
         if not bins:
             continue
         canvas.mark(pages_ax.step(*_steps(width, bins, 0), where="post", label=task))
-        canvas.mark(bytes_ax.step(*_steps(width, bins, -1), where="post", label=task))
+        when, values = _steps(width, bins, -1)
+        canvas.mark(bytes_ax.step(when, [v / divisor for v in values], where="post", label=task))
     pages_ax.set_ylabel("pages/s")
-    bytes_ax.set_ylabel("bytes/s")
+    bytes_ax.set_ylabel(unit)
     for ax in canvas.axes:
-        _time_axis(ax)
         ax.set_ylim(bottom=0)
+        _time_axis(ax)
     if 1 < len(series) <= 12:
-        pages_ax.legend(fontsize="small", ncols=3)
+        _legend(canvas, pages_ax)
     return canvas.svg()
 
 
@@ -116,15 +149,16 @@ def outcome_figure(name: str, width: int, bins: list[tuple[float, list[float]]])
         )
         canvas.mark(stacks)
     ax.set_ylabel("attempts/s")
-    ax.legend(fontsize="small", loc="upper left", ncols=5)
+    ax.set_ylim(bottom=0)
     _time_axis(ax)
+    _legend(canvas, ax)
     return canvas.svg()
 
 
 def bar_figure(name: str, labels: list[str], values: list[float], xlabel: str) -> str:
     """Horizontal bars, largest on top."""
     height = max(1.6, 0.3 * len(labels) + 0.8)
-    canvas = Canvas(name, (9.0, height))
+    canvas = Canvas(name, (WIDE[0], height))
     ax = canvas.axes[0]
     # Positions, not the labels themselves: labels such as "200" would be parsed as numbers.
     canvas.mark(ax.barh(range(len(labels)), values[::-1], color="#457b9d"))
@@ -138,8 +172,8 @@ def stacked_bar_figure(
     name: str, labels: list[str], parts: dict[str, list[int]], xlabel: str
 ) -> str:
     """Horizontal bars split into parts (e.g. hosts by error kind), first label on top."""
-    height = max(1.6, 0.3 * len(labels) + 1.0)
-    canvas = Canvas(name, (9.0, height))
+    height = max(1.8, 0.3 * len(labels) + 1.3)
+    canvas = Canvas(name, (WIDE[0], height))
     ax = canvas.axes[0]
     left = [0] * len(labels)
     for part, values in parts.items():
@@ -148,7 +182,7 @@ def stacked_bar_figure(
         left = [a + b for a, b in zip(left, values, strict=True)]
     ax.set_yticks(range(len(labels)), labels[::-1])
     ax.set_xlabel(xlabel)
-    ax.legend(fontsize="small", loc="lower right")
+    _legend(canvas, ax)
     ax.grid(axis="x", alpha=0.3)
     return canvas.svg()
 
@@ -160,7 +194,7 @@ def lease_figure(name: str, proxies: list[tuple[str, list[tuple[float, float, st
     or ``rest``.
     """
     colours = {"banned": "#e76f51", "rest": "#cccccc", "rotated": "#2a9d8f"}
-    canvas = Canvas(name, (9.0, max(1.8, 0.45 * len(proxies) + 1.0)))
+    canvas = Canvas(name, (WIDE[0], max(2.2, 0.45 * len(proxies) + 1.5)))
     ax = canvas.axes[0]
     seen: set[str] = set()
     for row, (_, spans) in enumerate(proxies):
@@ -181,6 +215,5 @@ def lease_figure(name: str, proxies: list[tuple[str, list[tuple[float, float, st
     ax.invert_yaxis()
     ax.xaxis_date()
     _time_axis(ax)
-    if seen:
-        ax.legend(fontsize="small", loc="lower right", ncols=4)
+    _legend(canvas, ax)
     return canvas.svg()

@@ -19,8 +19,12 @@ logger = logging.getLogger(__name__)
 
 def append_run(path: str | os.PathLike, spider: str, settings: dict[str, str]) -> dict:
     """Append this process's run to *path* and return the entry written."""
+    now = time.time()
     entry = {
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # To the millisecond, as the action log's lines: a run started within the
+        # second the last one ended still tells its lines from the last one's.
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+        + f".{int(now % 1 * 1000):03d}Z",
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "spider": spider,
@@ -32,6 +36,29 @@ def append_run(path: str | os.PathLike, spider: str, settings: dict[str, str]) -
     finally:
         os.close(fd)
     return entry
+
+
+def read_runs(path: str | os.PathLike) -> list[dict]:
+    """Every complete run in *path*, oldest first (none when the file is absent). A torn
+    or malformed line (a killed run's) is skipped with a warning naming it."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    runs = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            entry = None
+        if isinstance(entry, dict) and isinstance(entry.get("settings"), dict):
+            runs.append(entry)
+        else:
+            logger.warning("%s line %d is not a run record: skipped", path, number)
+    return runs
 
 
 def last_run(path: str | os.PathLike) -> dict | None:
