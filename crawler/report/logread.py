@@ -270,13 +270,14 @@ class LogFollower:
         self.number = 0  # lines consumed, for error messages
         self._clock = _Clock()
         # Runs (DATA_DIR/runs.jsonl) by start time; runs[i] counts the lines from
-        # starts[i - 1] on, runs[0] those before the first start.
+        # starts[i - 1] on, runs[0] those before the first start. Each line is counted
+        # once, into its run; the total is their sum (without runs, runs[0] itself).
         self.starts = list(starts)
-        self.runs = [LogStats() for _ in range(len(self.starts) + 1)]
+        self.runs = [self.stats] + [LogStats() for _ in self.starts]
 
     def _restart(self) -> None:
         self.stats, self.offset, self.number = LogStats(), 0, 0
-        self.runs = [LogStats() for _ in range(len(self.starts) + 1)]
+        self.runs = [self.stats] + [LogStats() for _ in self.starts]
 
     def set_starts(self, starts: list[float]) -> None:
         """Runs as runs.jsonl lists them now: a run appended since the last call gets
@@ -306,6 +307,10 @@ class LogFollower:
                 self.offset += len(raw)
                 self.number += 1
                 self._add(raw)
+        if len(self.runs) > 1:
+            self.stats = LogStats()
+            for run in self.runs:
+                self.stats.merge(run)
         if self.stats.bad_lines and final:
             logger.warning(
                 "%d unreadable lines, first %s", self.stats.bad_lines, self.stats.first_problem
@@ -313,7 +318,7 @@ class LogFollower:
         return self.stats
 
     def _add(self, raw: bytes) -> None:
-        stats = self.stats
+        stats = self.runs[-1]  # an unreadable line has no time: the latest run's
         try:
             entry = _decode(raw.decode("utf-8", "replace"))
             ts = self._clock.epoch(entry["ts"])
@@ -325,9 +330,7 @@ class LogFollower:
                     where = f"{self.path}:{self.number}"
                     stats.first_problem = f"{where}: {type(exc).__name__}: {exc}"
             return
-        run = self.runs[bisect.bisect_right(self.starts, ts)]
-        _count(stats, entry, ts, outcome)
-        _count(run, entry, ts, outcome)
+        _count(self.runs[bisect.bisect_right(self.starts, ts)], entry, ts, outcome)
 
 
 def _count(stats: LogStats, entry: dict, ts: float, outcome: str) -> None:
