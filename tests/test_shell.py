@@ -5,11 +5,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from demo.site import DemoSite
 from tests.checks import rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import run_crawl, write_urls
+from tests.crawls import crawl_site
 
 PROBE = (
     "' '.join(map(str, ['RESULT', response.status, type(response).__name__, "
@@ -33,10 +34,10 @@ def own_site():
     demo.stop()
 
 
-def test_shell_answers_from_the_archive_with_the_server_stopped(own_site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_shell_answers_from_the_archive_with_the_server_stopped(own_site, data_dir):
     base = own_site.base_url
-    urls = [f"{base}/page/5.html", f"{base}/redirect/6"]
-    assert run_crawl(write_urls(tmp_path / "urls.txt", urls), data_dir).returncode == 0
+    await crawl_site([f"{base}/page/5.html", f"{base}/redirect/6"], data_dir)
     own_site.stop()
     expected = hashlib.sha256(own_site.payload("/page/5.html")).hexdigest()
     result, found = probe(f"{base}/page/5.html", data_dir)
@@ -62,9 +63,9 @@ def test_shell_fetches_and_stores_what_is_not_stored(own_site, data_dir):
     assert own_site.counts["/page/8.html"] == 2
 
 
-def test_offline_shell_says_an_unstored_url_is_not_in_the_catalog(own_site, tmp_path, data_dir):
-    stored = f"{own_site.base_url}/page/3.html"
-    assert run_crawl(write_urls(tmp_path / "urls.txt", [stored]), data_dir).returncode == 0
+@deferred_f_from_coro_f
+async def test_offline_shell_says_an_unstored_url_is_not_in_the_catalog(own_site, data_dir):
+    await crawl_site([f"{own_site.base_url}/page/3.html"], data_dir)
     url = f"{own_site.base_url}/page/4.html"
     result, found = probe(url, data_dir, "-s", "ARCHIVE_SHELL=offline")
     assert found is None and result.returncode == 1
@@ -80,30 +81,22 @@ def test_bad_archive_shell_mode_is_a_usage_error(data_dir):
     assert "ARCHIVE_SHELL must be one of archive, offline, live" in result.stderr
 
 
-def test_a_crawl_replays_offline_from_the_archive(own_site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_a_crawl_replays_offline_from_the_archive(own_site, tmp_path, data_dir):
     urls = [f"{own_site.base_url}/page/{n}.html" for n in range(10, 16)]
-    url_file = write_urls(tmp_path / "urls.txt", urls)
-    result = run_crawl(url_file, data_dir, "-o", str(tmp_path / "live.jsonl"))
-    assert result.returncode == 0, result.stderr
+    live = {"FEEDS": {str(tmp_path / "live.jsonl"): {"format": "jsonl"}}}
+    await crawl_site(urls, data_dir, live)
     own_site.stop()
-    replay = run_crawl(
-        url_file,
-        data_dir,
-        "-o",
-        str(tmp_path / "replay.jsonl"),
-        "-s",
-        "HTTPCACHE_ENABLED=1",
-        "-s",
-        "HTTPCACHE_STORAGE=extensions.archive_cache.ArchiveCacheStorage",
-        "-s",
-        "HTTPCACHE_IGNORE_MISSING=1",
-        "-s",
-        "ARCHIVE_ENABLED=0",
-        "-s",
-        "ROBOTSTXT_OBEY=0",
-    )
-    assert replay.returncode == 0, replay.stderr
-    assert "'httpcache/archive_hit': 6" in replay.stderr
+    settings = {
+        "FEEDS": {str(tmp_path / "replay.jsonl"): {"format": "jsonl"}},
+        "HTTPCACHE_ENABLED": "1",
+        "HTTPCACHE_STORAGE": "extensions.archive_cache.ArchiveCacheStorage",
+        "HTTPCACHE_IGNORE_MISSING": "1",
+        "ARCHIVE_ENABLED": "0",
+        "ROBOTSTXT_OBEY": "0",
+    }
+    replay = await crawl_site(urls, data_dir, settings)
+    assert replay.stats.get_value("httpcache/archive_hit") == 6
     assert canon(read_jsonl(tmp_path / "replay.jsonl")) == canon(
         read_jsonl(tmp_path / "live.jsonl")
     )
