@@ -185,9 +185,11 @@ def test_progress_line_counts_the_list(caplog):
     assert "30 cache hits, 3 errors, 1 retries, ETA" in line
 
 
-def test_progress_is_off_at_interval_zero():
-    with pytest.raises(NotConfigured, match="PROGRESS_INTERVAL"):
+def test_progress_is_off_at_interval_zero(caplog):
+    with caplog.at_level(logging.DEBUG), pytest.raises(NotConfigured) as off:
         ProgressExtension.from_crawler(get_crawler(Spider, {"PROGRESS_INTERVAL": 0}))
+    assert not off.value.args  # off on purpose: no warning from Scrapy
+    assert "PROGRESS_INTERVAL is 0" in caplog.text
 
 
 # -- SpillingDupeFilter ---------------------------------------------------------------------
