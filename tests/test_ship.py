@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from scrapy.exceptions import UsageError
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.spiderkit.urls import in_shard, parse_shard
 from crawler.storage.catalog import Catalog
@@ -18,7 +19,8 @@ from crawler.storage.seen import CatalogWithSeen, SeenCatalogs
 from crawler.storage.store import Store, StoreConfig
 from slurm.ship import ShipError, Shipper, merge_shipped
 from tests.checks import assert_rows_readable, rows_by_url
-from tests.conftest import run_crawl, write_urls
+from tests.conftest import write_urls
+from tests.crawls import crawl_site
 from tests.events import wait_until
 from tests.factories import listed_body
 from tests.factories import listed_fetch as fetch
@@ -174,18 +176,17 @@ def test_time_rollover_closes_files_after_their_rows_commit(tmp_path):
     store.close()
 
 
-def test_crawls_skip_what_other_catalogs_hold_whatever_the_shards(site, tmp_path):
+@deferred_f_from_coro_f
+async def test_crawls_skip_what_other_catalogs_hold_whatever_the_shards(site, tmp_path):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(300, 330)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
     # Two tasks of a 2-way split, then the whole list split 3 ways: nothing refetched.
     for i in range(2):
-        done = run_crawl(url_file, tmp_path / f"two{i}", "-a", f"shard={i}/2")
-        assert done.returncode == 0, done.stderr
+        await crawl_site(url_file, tmp_path / f"two{i}", shard=f"{i}/2")
     assert sum(len(rows_by_url(tmp_path / f"two{i}")) for i in range(2)) == len(urls)
     before = {u: site.counts[u.split(site.base_url)[1]] for u in urls}
-    seen = f"CATALOG_SEEN={tmp_path}/two*/metadata.db"
-    done = run_crawl(url_file, tmp_path / "three0", "-a", "shard=0/3", "-s", seen)
-    assert done.returncode == 0, done.stderr
+    seen = {"CATALOG_SEEN": f"{tmp_path}/two*/metadata.db"}
+    await crawl_site(url_file, tmp_path / "three0", seen, shard="0/3")
     assert {u: site.counts[u.split(site.base_url)[1]] for u in urls} == before
     assert rows_by_url(tmp_path / "three0") == {}
     assert_rows_readable(tmp_path / "two0", site)
