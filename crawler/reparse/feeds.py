@@ -59,12 +59,23 @@ class ItemFileWriter:
             self._exporter = EXPORTERS[self.suffix](self._file, encoding=encoding)
             self._exporter.start_exporting()
 
+    @property
+    def takes_dicts(self) -> bool:
+        """Whether items may come as plain dicts (:meth:`write_dict`): parquet reads
+        values, not the field metadata Scrapy's exporters serialize with."""
+        return self._exporter is None
+
     def write(self, item) -> None:
-        self.count += 1
         if self._exporter is not None:
+            self.count += 1
             self._exporter.export_item(item)
             return
-        self._batch.append(ItemAdapter(item).asdict())
+        self.write_dict(ItemAdapter(item).asdict())
+
+    def write_dict(self, row: dict) -> None:
+        """Write an item given as a dict of plain values (see :meth:`takes_dicts`)."""
+        self.count += 1
+        self._batch.append(row)
         if len(self._batch) >= PARQUET_BATCH:
             self._write_parquet()
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crawler.reparse.plan import ReparseConfig, plan
-from crawler.reparse.runner import Problem, Reparser, init_worker, run_in_worker
+from crawler.reparse.runner import TABLES, Problem, Reparser, init_worker, run_in_worker
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.items import PAGE_LOG, ItemTableWriter
@@ -106,7 +106,7 @@ class Follow:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self.stop)
         config = self.config
-        init = (config.spider, config.callback, config.spider_args, config.settings, True)
+        init = (config.spider, config.callback, config.spider_args, config.settings, TABLES)
         Reparser(*init)  # fail fast on a bad spider or callback
         workers = config.worker_count
         summary = FollowSummary()

@@ -20,12 +20,19 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from itemadapter import is_item
+from itemadapter import ItemAdapter, is_item
 from scrapy import Request
 
 from crawler.itemrows import ItemFieldError, item_row
 from crawler.reparse.feeds import ItemFileWriter
-from crawler.reparse.plan import ReparseConfig, ReparseError, Task, plan, select_rows
+from crawler.reparse.plan import (
+    ReparseConfig,
+    ReparseError,
+    Selection,
+    Task,
+    plan,
+    select_rows,
+)
 from crawler.reparse.responses import build_response
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
@@ -95,6 +102,33 @@ class Summary:
 
 # -- the worker ---------------------------------------------------------------------------
 
+# What a worker hands the parent: the items as the callback yielded them (for Scrapy's
+# exporters, which read field metadata), plain dicts (for parquet), or each page's rows
+# for the item tables.
+ITEMS, DICTS, TABLES = "items", "dicts", "tables"
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+
+def plain(value):
+    """``value`` with every item in it turned into a dict, as ``ItemAdapter.asdict()``
+    does; scalars are returned as they are without asking every adapter about them."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is list:
+        return [plain(v) for v in value]
+    if kind is dict:
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set):
+        return value.__class__(plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, ItemAdapter):
+        value = value.item
+    if is_item(value):
+        return {k: plain(v) for k, v in ItemAdapter(value).items()}
+    return value
+
 
 class Reparser:
     """One process's spider and callback; :meth:`run_task` parses one byte range."""
@@ -105,11 +139,13 @@ class Reparser:
         callback: str,
         spider_args: dict,
         settings: dict,
-        tables: bool = False,
+        mode: str = ITEMS,
     ):
         self.spider = make_spider(spider_name, spider_args, settings)
-        # Items become rows here, on the workers' cores; the parent only writes them.
-        self.tables = tables
+        # Items become rows or dicts here, on the workers' cores; the parent only
+        # writes them.
+        self.tables = mode == TABLES
+        self.dicts = mode == DICTS
         self._set_allowed_statuses()
         self.callback_name = callback
         self.callback = getattr(self.spider, callback, None)
@@ -177,7 +213,12 @@ class Reparser:
             request = Request(url, method=method, meta=meta, dont_filter=True)
             response = build_response(stored, request, flags=["cached"])
             if not self.tables:
-                self._run_callback(response, key, url, items, stats, problems)
+                if not self.dicts:
+                    self._run_callback(response, key, url, items, stats, problems)
+                    continue
+                page_items = []
+                self._run_callback(response, key, url, page_items, stats, problems)
+                items += map(plain, page_items)
                 continue
             page_items: list = []
             if self._run_callback(response, key, url, page_items, stats, problems):
@@ -272,10 +313,10 @@ def quiet_worker() -> None:
     logging.getLogger("scrapy").setLevel(logging.WARNING)
 
 
-def init_worker(spider_name, callback, spider_args, settings, tables) -> None:
+def init_worker(spider_name, callback, spider_args, settings, mode) -> None:
     global _worker
     quiet_worker()
-    _worker = Reparser(spider_name, callback, spider_args, settings, tables)
+    _worker = Reparser(spider_name, callback, spider_args, settings, mode)
 
 
 def run_in_worker(task: Task) -> TaskResult:
@@ -329,22 +370,23 @@ class Reparse:
         started = time.monotonic()
         selection = select_rows(config)
         total = selection.count()
-        tasks = plan(selection, config.data_dir, config.chunk_rows)
         summary = Summary()
         writer = ItemFileWriter(config.output) if config.output else None
         tables = ItemTableWriter(DataDir(config.data_dir).catalog_path) if writer is None else None
+        mode = TABLES if writer is None else DICTS if writer.takes_dicts else ITEMS
         progress = Progress(total, self.progress_stream)
         done = 0
         try:
-            for result in self._results(tasks, total):
+            for result in self._results(selection, total, mode):
                 done += result.records
                 summary.stats.update(result.stats)
                 for problem in result.problems:
                     summary.problems.append(problem)
                     logger.error("%s", problem.message)
                 if writer is not None:
+                    write = writer.write_dict if mode == DICTS else writer.write
                     for item in result.items:
-                        writer.write(item)
+                        write(item)
                     summary.items += len(result.items)
                 else:
                     summary.items += tables.write(result.pages)
@@ -365,16 +407,11 @@ class Reparse:
         summary.stats["reparse/seconds"] = round(summary.seconds, 3)
         return summary
 
-    def _results(self, tasks: Iterator[Task], total: int) -> Iterator[TaskResult]:
+    def _results(self, selection: Selection, total: int, mode: str) -> Iterator[TaskResult]:
         config = self.config
-        init = (
-            config.spider,
-            config.callback,
-            config.spider_args,
-            config.settings,
-            config.output is None,
-        )
+        init = (config.spider, config.callback, config.spider_args, config.settings, mode)
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
+        tasks = plan(selection, config.data_dir, config.chunk_rows)
         if workers == 1:
             reparser = Reparser(*init)
             for task in tasks:
