@@ -1,13 +1,22 @@
-"""What re-parse workers hand over to the process that writes."""
+"""What re-parse workers hand over, and ``--follow``'s batches handed to them ahead."""
 
 from __future__ import annotations
 
+import contextlib
+import shutil
+import signal
+import sqlite3
 from dataclasses import dataclass, field
 
+import pytest
 import scrapy
 from itemadapter import ItemAdapter
 
+from crawler.reparse import follow
+from crawler.reparse.follow import Follow
+from crawler.reparse.plan import ReparseConfig
 from crawler.reparse.runner import plain
+from tests.conftest import run_crawl, write_urls
 
 
 class Part(scrapy.Item):
@@ -32,3 +41,70 @@ def test_plain_gives_what_itemadapter_asdict_gives():
     got = plain(offer)
     assert type(got["parts"][0]) is dict and type(got["parts"][0]["tags"]) is tuple
     assert type(got["extra"]["part"]) is dict
+
+
+PAGES = [f"page/{n}.html" for n in range(300, 311)]
+
+
+@pytest.fixture(scope="module")
+def logged(site, tmp_path_factory):
+    """A crawl's data directory: its page log numbers every page it stored."""
+    root = tmp_path_factory.mktemp("follow-batches")
+    urls = write_urls(root / "urls.txt", [f"{site.base_url}/{p}" for p in PAGES])
+    result = run_crawl(urls, root / "data")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "data"
+
+
+@pytest.fixture
+def own_signals():
+    """Follow.run takes SIGINT and SIGTERM; give them back to the test run."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def progress(data_dir) -> tuple[int, int, int]:
+    """(position, pages read, pages whose items are stored) of the ``site`` follower."""
+    uri = f"file:{data_dir / 'metadata.db'}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+        seq, pages = conn.execute(
+            "SELECT seq, pages FROM _follow_progress WHERE spider = 'site'"
+        ).fetchone()
+        parsed = conn.execute("SELECT count(*) FROM _item_pages WHERE _spider = 'site'")
+        return seq, pages, parsed.fetchone()[0]
+
+
+class StopsAfterOneBatch(Follow):
+    """Stopped (as by SIGTERM) once its first batch is parsed, the next one in flight."""
+
+    def _collect(self, results, summary):
+        pages = super()._collect(results, summary)
+        self.stop()
+        return pages
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_follow_writes_each_batch_once_with_the_next_one_in_flight(
+    logged, tmp_path, monkeypatch, own_signals, workers
+):
+    data_dir = shutil.copytree(logged, tmp_path / "data")
+    with contextlib.closing(sqlite3.connect(data_dir / "metadata.db")) as conn:
+        last, count = conn.execute("SELECT max(seq), count(*) FROM _page_log").fetchone()
+    assert count == len(PAGES)
+    monkeypatch.setattr(follow, "BATCH_PAGES", 4)
+    config = ReparseConfig(spider="site", data_dir=data_dir, workers=workers)
+
+    first = StopsAfterOneBatch(config, until_idle=0, poll=0.05).run()
+    # The second batch was parsed, or being parsed, when it stopped: not written.
+    assert (first.pages, first.batches) == (4, 1)
+    seq, pages, _ = progress(data_dir)
+    assert pages == 4 and seq < last
+
+    rest = Follow(config, until_idle=0, poll=0.05).run()
+    assert rest.pages == len(PAGES) - 4 and rest.batches == 2
+    assert not rest.problems
+    assert progress(data_dir) == (last, len(PAGES), len(PAGES))
+    again = Follow(config, until_idle=0, poll=0.05).run()
+    assert again.pages == 0

@@ -22,17 +22,26 @@ below it not seen yet. ``until_idle`` then counts from the last new page shipped
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
-from crawler.reparse.plan import ReparseConfig, plan
-from crawler.reparse.runner import TABLES, Problem, Reparser, init_worker, run_in_worker
+from crawler.reparse.plan import ReparseConfig, Task, plan
+from crawler.reparse.runner import (
+    TABLES,
+    Problem,
+    Reparser,
+    TaskResult,
+    run_in_worker,
+    task_rows,
+    worker_pool,
+)
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.items import PAGE_LOG, ItemTableWriter
@@ -40,6 +49,8 @@ from crawler.storage.items import PAGE_LOG, ItemTableWriter
 logger = logging.getLogger(__name__)
 
 BATCH_PAGES = 1000
+# Parses tasks, in a pool of workers or in this process: their results, in order.
+Parse = Callable[[list[Task]], Iterator[TaskResult]]
 
 
 @dataclass
@@ -107,8 +118,8 @@ class Follow:
             signal.signal(sig, self.stop)
         config = self.config
         init = (config.spider, config.callback, config.spider_args, config.settings, TABLES)
-        Reparser(*init)  # fail fast on a bad spider or callback
-        workers = config.worker_count
+        reparser = Reparser(*init)  # fails fast on a bad spider or callback
+        self.workers = workers = config.worker_count
         summary = FollowSummary()
         shipped = self._wait_for_data()
         if shipped is None:
@@ -118,19 +129,20 @@ class Follow:
             self.items_db.parent.mkdir(parents=True, exist_ok=True)
             logger.info("Following the catalogs shipped to %s", self.datadir.shipped_dir)
         writer = ItemTableWriter(self.items_db if shipped else self.datadir.catalog_path)
-        ctx = multiprocessing.get_context("spawn")
-        # The workers ignore the signals: the parent finishes its batch, then stops them.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        pool = ctx.Pool(workers, initializer=init_worker, initargs=init)
-        signal.signal(signal.SIGINT, previous)
+        # One worker parses in this process: no pool to start, nothing pickled.
+        pool = None if workers == 1 else worker_pool(workers, reparser, init)
+        parse = (
+            partial(map, reparser.run_task) if pool is None else partial(pool.imap, run_in_worker)
+        )
         try:
             if shipped:
-                self._loop_shipped(writer, pool, summary)
+                self._loop_shipped(writer, parse, summary)
             else:
-                self._loop(writer, pool, summary)
+                self._loop(writer, parse, summary)
         finally:
-            pool.terminate()
-            pool.join()
+            if pool is not None:
+                pool.terminate()
+                pool.join()
             writer.close()
         return summary
 
@@ -149,19 +161,30 @@ class Follow:
             time.sleep(self.poll)
         return None
 
-    def _loop(self, writer: ItemTableWriter, pool, summary: FollowSummary) -> None:
-        position = writer.follow_position(self.config.spider)
+    def _loop(self, writer: ItemTableWriter, parse: Parse, summary: FollowSummary) -> None:
+        spider = self.config.spider
+        position = writer.follow_position(spider)
         logger.info("Following %s from page log position %d", self.datadir.root, position)
         idle_since = time.monotonic()
+        ahead = None  # the next batch, (logged pages, results), handed to the workers
         while not self.stopping:
-            logged = writer.logged_rows(position, BATCH_PAGES)
-            if not logged:
-                if self._idle_done(idle_since):
-                    return
-                time.sleep(self.poll)
-                continue
-            pages, position = self._parse(pool, logged, summary)
-            summary.items += writer.write(pages, (self.config.spider, position, len(logged)))
+            if ahead is None:
+                logged = writer.logged_rows(position, BATCH_PAGES)
+                if not logged:
+                    if self._idle_done(idle_since):
+                        return
+                    time.sleep(self.poll)
+                    continue
+                ahead = (logged, self._start(parse, logged))
+            logged, results = ahead
+            # The batch after this one goes to the workers before this one's items are
+            # collected and written: they parse while the parent writes. It is written
+            # only after this one, with its own position, or dropped if the loop ends.
+            following = writer.logged_rows(logged[-1][0], BATCH_PAGES)
+            ahead = (following, self._start(parse, following)) if following else None
+            pages = self._collect(results, summary)
+            position = logged[-1][0]
+            summary.items += writer.write(pages, (spider, position, len(logged)))
             summary.pages += len(logged)
             summary.batches += 1
             idle_since = time.monotonic()
@@ -173,20 +196,24 @@ class Follow:
             return False
         return time.monotonic() - idle_since >= self.until_idle
 
-    def _parse(self, pool, logged: list[tuple[int, str]], summary: FollowSummary):
-        """Parse one batch of logged pages; returns their PageItems and the last seq."""
+    def _start(self, parse: Parse, logged: list[tuple[int, str]]) -> Iterator[TaskResult]:
+        """Hand one batch of logged pages to ``parse``; its results come in order."""
         with Catalog(self.datadir.catalog_path, readonly=True) as catalog:
             rows = rows_of(catalog, [key for _, key in logged])
-        return self._parse_rows(pool, rows, summary), logged[-1][0]
+        return parse(self._tasks(rows))
 
-    def _parse_rows(self, pool, rows: list, summary: FollowSummary) -> list:
+    def _tasks(self, rows: list) -> list[Task]:
         rows.sort(key=lambda row: (row.archive, row.offset))
-        tasks = list(plan(rows, self.datadir.root, self.config.chunk_rows))
+        size = task_rows(self.config.chunk_rows, len(rows), self.workers)
+        tasks = list(plan(rows, self.datadir.root, size))
         for task in tasks:
             # A file still written to has its .open name.
             task.path = str(self.datadir.resolve(os.path.relpath(task.path, self.datadir.root)))
+        return tasks
+
+    def _collect(self, results: Iterator[TaskResult], summary: FollowSummary) -> list:
         pages = []
-        for result in pool.imap(run_in_worker, tasks):
+        for result in results:
             summary.stats.update(result.stats)
             for problem in result.problems:
                 summary.problems.append(problem)
@@ -196,7 +223,7 @@ class Follow:
 
     # -- a Slurm DATA/ -------------------------------------------------------------------
 
-    def _loop_shipped(self, writer: ItemTableWriter, pool, summary: FollowSummary) -> None:
+    def _loop_shipped(self, writer: ItemTableWriter, parse: Parse, summary: FollowSummary) -> None:
         spider = self.config.spider
         positions = writer.shipped_positions(spider)
         # A catalog's file as last read with nothing new in it: not read again until a
@@ -222,7 +249,7 @@ class Follow:
                     done[name] = version
                     continue
                 rows, read, seq, gaps = got
-                pages = self._parse_rows(pool, rows, summary)
+                pages = self._collect(parse(self._tasks(rows)), summary)
                 summary.items += writer.write(pages, shipped=(spider, name, seq, gaps, read))
                 positions[name] = (seq, gaps)
                 summary.pages += read

@@ -304,6 +304,14 @@ def make_spider(name: str, spider_args: dict, overrides: dict):
 _worker: Reparser | None = None
 
 
+def task_rows(most: int, total: int, workers: int) -> int:
+    """Records per task: ``most``, or fewer so that each worker gets several tasks and
+    none is left parsing a long last one while the others have nothing to do."""
+    if workers == 1:
+        return most
+    return max(1, min(most, total // (workers * 8)))
+
+
 def quiet_worker() -> None:
     # A forked worker inherits the parent's handlers (Scrapy's, the reactor's), which
     # only log a SIGTERM: Pool.terminate() then waited forever on a worker blocked on
@@ -411,7 +419,7 @@ class Reparse:
         config = self.config
         init = (config.spider, config.callback, config.spider_args, config.settings, mode)
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
-        tasks = plan(selection, config.data_dir, config.chunk_rows)
+        tasks = plan(selection, config.data_dir, task_rows(config.chunk_rows, total, workers))
         if workers == 1:
             reparser = Reparser(*init)
             for task in tasks:
@@ -419,19 +427,7 @@ class Reparse:
             return
         # Fails fast on a bad spider or callback, before any process starts.
         reparser = Reparser(*init)
-        if "fork" in multiprocessing.get_all_start_methods():
-            # Forked workers start with this spider built and Scrapy imported: spawned
-            # ones spent ~1 s of CPU each on that, which kept two workers near the
-            # speed of one on a few thousand pages. Nothing the parent holds open
-            # (catalog connections) is used in a worker.
-            global _worker
-            _worker = reparser
-            ctx = multiprocessing.get_context("fork")
-            pool_args = {"initializer": quiet_worker}
-        else:
-            ctx = multiprocessing.get_context("spawn")
-            pool_args = {"initializer": init_worker, "initargs": init}
-        with ctx.Pool(workers, **pool_args) as pool:
+        with worker_pool(workers, reparser, init) as pool:
             # A few tasks in flight per worker: memory stays bounded, results in order.
             pending: deque = deque()
             for task in tasks:
@@ -440,3 +436,23 @@ class Reparse:
                     yield pending.popleft().get()
             while pending:
                 yield pending.popleft().get()
+
+
+def worker_pool(workers: int, reparser: Reparser, init: tuple):
+    """A pool of ``workers`` processes running ``reparser`` (built from ``init``)."""
+    if "fork" in multiprocessing.get_all_start_methods():
+        # Forked workers start with this spider built and Scrapy imported: spawned
+        # ones spent ~1 s of CPU each on that, which kept two workers near the
+        # speed of one on a few thousand pages. Nothing the parent holds open
+        # (catalog connections) is used in a worker.
+        global _worker
+        _worker = reparser
+        return multiprocessing.get_context("fork").Pool(workers, initializer=quiet_worker)
+    # Spawned workers start with SIGINT ignored: the parent handles it and ends the pool.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return multiprocessing.get_context("spawn").Pool(
+            workers, initializer=init_worker, initargs=init
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
