@@ -51,7 +51,7 @@ SETTINGS = [
     "-s", "AUTOTHROTTLE_ENABLED=0",
     "-s", "ROBOTSTXT_OBEY=0",
     "-s", "CONCURRENT_ITEMS=1",  # the project's
-    "-s", "LOG_LEVEL=INFO",  # the stats dump: pages counted, writer CPU
+    "-s", "LOG_LEVEL=INFO", "-s", "LOG_QUIET=0",  # the stats dump: pages counted, writer CPU
 ]  # fmt: skip
 
 
