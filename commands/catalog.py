@@ -104,6 +104,14 @@ unreadable records), 2 for bad arguments."""
         self.datadir = DataDir.from_settings(self.settings)
         self.data_dir = self.datadir.root
         action, rest = args[0], args[1:]
+        if action not in ("merge", "report") and (
+            problem := self.datadir.unusable(
+                check_catalog=action not in ("rebuild", "index", "wacz")
+            )
+        ):
+            print(f"error: {problem}", file=sys.stderr)
+            self.exitcode = 2  # nothing started: a usage problem (docs: exit statuses)
+            return
         try:
             self.exitcode = getattr(self, f"do_{action}")(rest, opts) or 0
         except (ToolError, CatalogError, StoreError) as exc:

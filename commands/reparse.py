@@ -130,9 +130,15 @@ class Command(ScrapyCommand):
             raise UsageError("--items-db goes with --follow", print_help=False)
         if opts.limit is not None and opts.limit < 0:
             raise UsageError("--limit takes a number of 0 or more", print_help=False)
+        datadir = DataDir.from_settings(self.settings)
+        writes = not (opts.output or opts.items_db)
+        if problem := datadir.unusable(write=writes):
+            print(f"error: {problem}", file=sys.stderr)
+            self.exitcode = 2  # nothing started: a usage problem (docs: exit statuses)
+            return
         config = ReparseConfig(
             spider=args[0],
-            data_dir=DataDir.from_settings(self.settings).root,
+            data_dir=datadir.root,
             archive_glob=opts.archive,
             callback=opts.callback,
             output=Path(opts.output) if opts.output else None,
@@ -156,8 +162,8 @@ class Command(ScrapyCommand):
         if summary.exit_code:
             print(
                 f"error: {summary.skipped} records skipped, {summary.callback_errors} "
-                f"callback exceptions and {summary.item_errors} items not stored "
-                "(see the messages above)",
+                f"callback exceptions, {summary.item_errors} items not stored and "
+                f"{summary.missing_files} archive files missing (see the messages above)",
                 file=sys.stderr,
             )
         self.exitcode = summary.exit_code

@@ -12,6 +12,7 @@ ARCHIVE_SHELL (``-s ARCHIVE_SHELL=...``):
 from __future__ import annotations
 
 import logging
+import sqlite3
 import sys
 
 from scrapy.commands.shell import Command as ScrapyShellCommand
@@ -21,6 +22,7 @@ from crawler.cli import tidy_parser
 from crawler.quietlog import quiet_crawl_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
+from crawler.storage.errors import CatalogError
 from crawler.storage.keys import request_key
 
 logger = logging.getLogger(__name__)
@@ -73,7 +75,9 @@ class Command(ScrapyShellCommand):
         super().process_options(args, opts)
         quiet_crawl_log(self.settings.getbool("LOG_QUIET"))
         datadir = DataDir.from_settings(self.settings)
-        free = datadir.is_free()
+        self.problem = data_dir_problem(datadir, self.settings)
+        # Offline reads only: no lock to try (a read-only data directory will do).
+        free = True if self.problem or offline(self.settings) else datadir.is_free()
         if not free and (self.settings.get("ARCHIVE_SHELL") or "archive") == "archive":
             logger.warning(
                 "%s is in use by a crawl: URLs fetched live are not stored", datadir.root
@@ -90,6 +94,10 @@ class Command(ScrapyShellCommand):
 
     def run(self, args, opts) -> None:
         self.shell_crawler = None
+        if problem := getattr(self, "problem", None):
+            print(f"error: {problem}", file=sys.stderr)
+            self.exitcode = 2  # nothing started: a usage problem (docs: exit statuses)
+            return
         if args and (problem := offline_miss(self.settings, args[0])):
             print(f"error: {problem}", file=sys.stderr)
             self.exitcode = 1
@@ -99,6 +107,23 @@ class Command(ScrapyShellCommand):
         finally:
             if self.shell_crawler is not None:
                 close_storage(self.shell_crawler)
+
+
+def offline(settings) -> bool:
+    return (settings.get("ARCHIVE_SHELL") or "archive").lower() == "offline"
+
+
+def data_dir_problem(datadir: DataDir, settings) -> str | None:
+    """Why the shell cannot use ``datadir`` as ARCHIVE_SHELL asks (None: it can).
+
+    Offline it only reads, and needs the catalog; ``archive`` also stores, and creates
+    the data directory and its catalog when they are not there yet."""
+    mode = (settings.get("ARCHIVE_SHELL") or "archive").lower()
+    if mode == "offline":
+        return datadir.unusable()
+    if mode == "archive" and datadir.root.exists():
+        return datadir.unusable(write=True, need_catalog=False)
+    return None
 
 
 def offline_miss(settings, url: str) -> str | None:
@@ -113,9 +138,15 @@ def offline_miss(settings, url: str) -> str | None:
         return None  # a local file, or a URL Scrapy completes: not ours to judge
     datadir = DataDir.from_settings(settings)
     if datadir.catalog_path.exists():
-        with Catalog(datadir.catalog_path, readonly=True) as catalog:
-            if catalog.get(request_key(url)) is not None:
-                return None
+        try:
+            with Catalog(datadir.catalog_path, readonly=True) as catalog:
+                if catalog.get(request_key(url)) is not None:
+                    return None
+        except (CatalogError, sqlite3.DatabaseError) as exc:
+            return (
+                f"cannot read the catalog {datadir.catalog_path} ({exc}): check it with "
+                "`scrapy catalog verify`, or rebuild it with `scrapy catalog rebuild`"
+            )
     return (
         f"{url} is not in the catalog of {datadir.root} (ARCHIVE_SHELL=offline fetches "
         "nothing): fetch and store it with `scrapy shell URL`, or crawl it with "

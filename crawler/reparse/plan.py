@@ -86,6 +86,8 @@ class Selection:
 
     def __init__(self, config: ReparseConfig):
         self.catalog_path = DataDir(config.data_dir).catalog_path
+        self.data_dir = Path(config.data_dir)
+        self.archive_glob = config.archive_glob
         self.files = sorted(archive_files(config.data_dir, config.archive_glob))
         self.user_where = config.where
         self.limit = config.limit
@@ -104,6 +106,20 @@ class Selection:
                 return catalog.count(self.where, self.params, self.limit)
             except sqlite3.Error as exc:
                 raise ReparseError(f"--where {self.user_where!r}: {exc}") from exc
+
+    def missing_files(self) -> list[str]:
+        """The archive files that rows of the selection name and that are not there
+        (deleted, or never shipped): their pages cannot be parsed. With ``--archive``
+        the user named the files: none is missing."""
+        if self.archive_glob is not None:
+            return []
+        where = f"({self.user_where})" if self.user_where else "1"
+        with Catalog(self.catalog_path, readonly=True) as catalog:
+            try:
+                names = catalog.archive_names(where)
+            except sqlite3.Error as exc:
+                raise ReparseError(f"--where {self.user_where!r}: {exc}") from exc
+        return sorted(n for n in names if not (self.data_dir / n).exists())
 
     def __iter__(self) -> Iterator[Row]:
         if not self.files:

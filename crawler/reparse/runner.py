@@ -80,8 +80,13 @@ class Summary:
         return self.stats["reparse/errors/item"]
 
     @property
+    def missing_files(self) -> int:
+        return self.stats["reparse/errors/missing_files"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.skipped or self.callback_errors or self.item_errors else 0
+        failed = self.skipped or self.callback_errors or self.item_errors or self.missing_files
+        return 1 if failed else 0
 
     def lines(self) -> list[str]:
         rate = self.records / self.seconds if self.seconds else 0.0
@@ -95,6 +100,8 @@ class Summary:
             f"{self.callback_errors:,} callback exceptions, "
             f"{self.item_errors:,} items that could not be stored",
         ]
+        if self.missing_files:
+            out.append(f"archive files missing (their pages not parsed): {self.missing_files:,}")
         if self.output is not None:
             out.append(f"output: {self.output}")
         return out
@@ -379,6 +386,20 @@ class Reparse:
         selection = select_rows(config)
         total = selection.count()
         summary = Summary()
+        missing = selection.missing_files()
+        if missing:
+            summary.stats["reparse/errors/missing_files"] = len(missing)
+            shown = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            problem = Problem(
+                "missing",
+                f"{len(missing)} archive files named by the catalog of {config.data_dir} are "
+                f"missing: {shown}; their pages are not parsed (restore the files, or drop "
+                "their rows with `scrapy catalog verify --fix`)",
+            )
+            summary.problems.append(problem)
+            logger.error("%s", problem.message)
         writer = ItemFileWriter(config.output) if config.output else None
         tables = ItemTableWriter(DataDir(config.data_dir).catalog_path) if writer is None else None
         mode = TABLES if writer is None else DICTS if writer.takes_dicts else ITEMS

@@ -384,6 +384,11 @@ class Catalog:
         sql = f"SELECT count(*) FROM (SELECT 1 FROM artifacts WHERE {where}{limit_sql})"
         return self.conn.execute(sql, tuple(params)).fetchone()[0]
 
+    def archive_names(self, where: str = "1") -> list[str]:
+        """The archive files (relative paths) that rows matching ``where`` name."""
+        sql = f"SELECT DISTINCT archive FROM artifacts WHERE {where} ORDER BY archive"
+        return [name for (name,) in self.conn.execute(sql)]
+
     def count_by(self, column: str) -> list[tuple]:
         """``(value, rows)`` for each value of ``column``, in order of the value."""
         col = repr_col(column)

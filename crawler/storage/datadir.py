@@ -167,6 +167,48 @@ class DataDir:
 
     # -- the lock -------------------------------------------------------------------
 
+    def unusable(
+        self, write: bool = False, need_catalog: bool = True, check_catalog: bool = True
+    ) -> str | None:
+        """Why a command cannot read this data directory (or write it: ``write``), in
+        one line naming it and what to do; None when it can. Checked before any work,
+        so that a command fails at once, and never creates a misspelled directory.
+        ``need_catalog`` False: a directory without a catalog yet will do; ``check_catalog``
+        False: the command reads the archives only."""
+        root = self.root
+        fix = "give the data directory with -s DATA_DIR=..."
+        if not root.exists():
+            return f"DATA_DIR {root} does not exist: check its spelling, or {fix}"
+        if not root.is_dir():
+            return f"DATA_DIR {root} is a file, not a directory: {fix}"
+        if write and not os.access(root, os.W_OK | os.X_OK):
+            return (
+                f"DATA_DIR {root} is read-only: this command writes there; copy it to a "
+                f"writable place, or {fix}"
+            )
+        if not check_catalog:
+            return None
+        catalog = self.catalog_path
+        if not catalog.exists() and not need_catalog:
+            return None
+        if not catalog.is_file():
+            return f"{catalog}: no catalog in this data directory (run a crawl first, or {fix})"
+        try:
+            with open(catalog, "rb") as f:
+                header = f.read(16)
+        except OSError as exc:
+            return f"{catalog}: cannot read it ({exc.strerror}): {fix}"
+        if header != b"SQLite format 3\x00":
+            return (
+                f"{catalog} is not a SQLite database: restore it, or rebuild it from the "
+                "archives with `scrapy catalog rebuild`"
+            )
+        return None
+
+    def missing_archives(self, names: list[str]) -> list[str]:
+        """Those of ``names`` (archive paths a catalog's rows hold) not in this directory."""
+        return [name for name in names if not (self.root / name).exists()]
+
     def lock(self) -> DataDirLock:
         return DataDirLock(self.lock_path)
 

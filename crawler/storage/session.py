@@ -13,6 +13,8 @@ offline HTTP cache (``extensions/archive_cache.py``) replay through it. No Scrap
 from __future__ import annotations
 
 import logging
+import sqlite3
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -20,7 +22,7 @@ from crawler.storage import formats
 from crawler.storage.actionlog import ActionLog
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
-from crawler.storage.errors import ArchiveError, SettingError, StoreError
+from crawler.storage.errors import ArchiveError, CatalogError, SettingError, StoreError
 from crawler.storage.formats.base import MAX_LEVEL
 from crawler.storage.records import Row, StoredRecord
 from crawler.storage.runlog import append_run
@@ -207,11 +209,38 @@ class StorageSession:
         if settings is not None:
             append_run(self.datadir.runs_path, spider, settings)
         self.writer.open(self.config.store)
+        # A full scan of the catalog: off the crawl's way, it only warns.
+        threading.Thread(
+            target=self.warn_missing_archives, name="archive-check", daemon=True
+        ).start()
         self.put = self.writer.put
         self.touch = self.writer.touch
         self.page_items = self.writer.page_items
         self.recovery = recovery
         return recovery
+
+    def warn_missing_archives(self) -> list[str]:
+        """Warn of archive files the catalog's rows name that are gone: their pages count
+        as stored (never fetched again) but cannot be read. Returns them."""
+        try:
+            with Catalog(self.datadir.catalog_path, readonly=True) as catalog:
+                missing = self.datadir.missing_archives(catalog.archive_names())
+        except (CatalogError, sqlite3.Error) as exc:
+            logger.debug("Could not look for missing archive files: %s", exc)
+            return []
+        if missing:
+            shown = ", ".join(missing[:5]) + (
+                f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+            )
+            logger.warning(
+                "%d archive files named by the catalog of %s are missing: %s; their pages "
+                "count as stored but cannot be read (run `scrapy catalog verify --fix` to "
+                "drop their rows, so that they are fetched again)",
+                len(missing),
+                self.datadir.root,
+                shown,
+            )
+        return missing
 
     def check(self) -> None:
         """Raise StoreError if the writer process failed or died (a crawl calls this

@@ -61,7 +61,13 @@ class Rebuild:
                 f"{self.output} is the live catalog; write elsewhere (-o) and move it in place "
                 "with no crawl running"
             )
-        scan = scan_archives(self.datadir.archives(), self.data_dir)
+        archives = self.datadir.archives()
+        if not archives:
+            raise ToolError(
+                f"no closed archive files under {self.datadir.archive_dir}: nothing to rebuild "
+                "the catalog from (check DATA_DIR)"
+            )
+        scan = scan_archives(archives, self.data_dir)
         rows = newest_rows(scan.indexed)
         n = write_catalog(sorted(rows.values(), key=lambda r: r.key), self.output)
         return RebuildResult(self.output, n, scan.records, scan.problems)

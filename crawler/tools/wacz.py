@@ -44,6 +44,8 @@ def write_cdxj(paths: list[Path], out, compress=None, idx_name: str | None = Non
 def write_index(data_dir: Path, output: Path) -> int:
     """``index``: a sorted CDXJ of every closed WARC, for pywb and other replay tools."""
     paths = warc_paths(data_dir)
+    if not paths:
+        raise ToolError(f"no closed WARC files to index under {DataDir(data_dir).archive_dir}")
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(output)
