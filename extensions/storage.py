@@ -163,12 +163,12 @@ class StorageExtension:
         self._push_counts()
         self.storing = False
         self._watch_writer(False)
-        logger.info("%s", self.outcomes())
         try:
             summary = self.session.close()
         except StoreError as exc:
             self._fail(f"The archive writer failed: {exc}")
             summary = None
+        logger.info("%s", self.outcomes())
         self._wake()  # waiters find no catalog: their requests are fetched
         if summary:
             self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
@@ -180,6 +180,13 @@ class StorageExtension:
         """The run's outcomes so far, as its end summary says them."""
         get = self.stats.get_value
         counts = ", ".join(f"{get(f'actions/{outcome}', 0):,} {outcome}" for outcome in OUTCOMES)
+        if self._failed and self.session.writer is None:
+            # What was committed, not what was fetched: the rest is fetched again.
+            counts = (
+                f"storage failed, {self.session.rows_committed:,} rows committed "
+                f"(of {get('actions/ok', 0):,} fetched ok: the next run indexes the others "
+                "from the archive, or fetches them again), " + counts.split(", ", 1)[1]
+            )
         total = get("progress/list_total")
         done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
         return f"Outcomes of this run: {counts}; listed URLs done: {done}."

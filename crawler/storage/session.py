@@ -133,6 +133,8 @@ class StorageSession:
         self.catalog: Catalog | CatalogWithSeen | None = None
         self.log: ActionLog | None = None
         self.recovery: Recovery | None = None  # what open() repaired
+        # Rows the writer reported committed, once closed (its summary, when it failed).
+        self.rows_committed = 0
         self._lock = self.datadir.lock()
 
     @classmethod
@@ -282,6 +284,8 @@ class StorageSession:
         try:
             return writer.close() if writer is not None else None
         finally:
+            if writer is not None:
+                self.rows_committed = writer.rows_committed
             if self.catalog is not None:
                 self.catalog.close()
                 self.catalog = None

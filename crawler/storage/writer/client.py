@@ -77,6 +77,9 @@ class WriterProcess:
         self._replies = FrameReader(reply_read)
         # Called for each commit the writer reports (it reports them only then).
         self.on_commit = on_commit
+        # Rows committed, as the writer last reported (with on_commit only): what a
+        # run stored when the writer failed before its summary.
+        self.rows_committed = 0
         self.error: str | None = None
         self.summary: dict | None = None
         self.opened = False
@@ -118,6 +121,7 @@ class WriterProcess:
             if kind == "error":
                 self.error = payload
             elif kind == "committed" and self.on_commit is not None:
+                self.rows_committed = payload
                 self.on_commit()
         if self.error is not None:
             raise StoreError(self.error)
