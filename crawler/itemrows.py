@@ -10,8 +10,9 @@ The rule (docs/how-to/item-tables.md):
   its first value decides the column's type; lists and dicts are stored as JSON text;
 - NaN is NULL, bare or in a list or dict (JSON null), and said once per field;
   infinity is a REAL, and 1e999 in JSON text;
-- reserved: the catalog's own tables (``artifacts``, ``totals``) and every name
-  starting with ``_`` or ``sqlite_`` are never an item table; nor can two fields of
+- reserved: the catalog's own tables (``artifacts``, ``totals``), every name starting
+  with ``_`` or ``sqlite_`` and every name ending with ``_by_key`` (the natural-key
+  indexes) are never an item table; nor can two fields of
   one item differ only in case (SQLite's column names ignore case): such an item is
   an ``item_error``, and the page and its other items are stored;
 - primary key: ``(_key, _seq)``, or the fields the class names in ``catalog_key``.
@@ -92,8 +93,9 @@ def item_row(item, spider_name: str) -> ItemRow:
     table = table or spider_name
     if reserved_table(table):
         raise ItemFieldError(
-            f"table {table!r} is reserved for the catalog (its own tables, and names "
-            "starting with _ or sqlite_): name another with the class's catalog_table"
+            f"table {table!r} is reserved for the catalog (its own tables, names starting "
+            "with _ or sqlite_, ending with _by_key): name another with the class's "
+            "catalog_table"
         )
     adapter = ItemAdapter(item)
     values: dict[str, object] = {}

@@ -111,8 +111,24 @@ class SequenceItem:
     url: str
 
 
+@dataclass
+class KeyIndexItem:
+    """Named like the index of ByUrl's natural key (tables and indexes share names)."""
+
+    catalog_table = "pages_by_url_by_key"
+    url: str
+
+
 MIXED = (1, None, "text", 2.5, b"\x00\xff")
-RESERVED_ITEMS = (Artifacts, Totals, SqliteMaster, CatalogTableArtifacts, PageLogItem, SequenceItem)
+RESERVED_ITEMS = (
+    KeyIndexItem,
+    Artifacts,
+    Totals,
+    SqliteMaster,
+    CatalogTableArtifacts,
+    PageLogItem,
+    SequenceItem,
+)
 
 
 class ShapesSpider(scrapy.Spider):
@@ -142,6 +158,7 @@ class ShapesSpider(scrapy.Spider):
         yield from getattr(self, f"shape_{self.shape}")(response.url, title)
 
     def shape_reserved(self, url, title):
+        yield ByUrl(url=url, size=1)
         for cls in RESERVED_ITEMS:
             yield cls(url)
         yield {"url": url, "ok": 1}

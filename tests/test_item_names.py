@@ -74,7 +74,7 @@ def test_items_named_like_the_catalogs_tables_are_item_errors(site, tmp_path, da
     assert query(
         data_dir,
         "SELECT count(*) FROM sqlite_master WHERE sql LIKE '%\"url\"%' "
-        "AND name NOT IN ('page_item', 'shapes')",
+        "AND name NOT IN ('page_item', 'shapes', 'pages_by_url')",
     ) == [(0,)]
 
     # A plain dict of a spider named like the catalog's table.

@@ -38,9 +38,11 @@ FOLLOW_TABLE = "_follow_progress"
 RECOVERED_TABLE = "_recovered_pages"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 # The catalog's own tables (crawler/storage/catalog.py), never an item table; nor is
-# any name starting with "_" (this module's tables) or "sqlite_" (SQLite's).
+# any name starting with "_" (this module's tables) or "sqlite_" (SQLite's), nor one
+# ending like the index of an item table's natural key (tables and indexes share names).
 CATALOG_TABLES = frozenset({"artifacts", "totals", "artifacts_rowid"})
 RESERVED_PREFIXES = ("_", "sqlite_")
+KEY_INDEX_SUFFIX = "_by_key"
 TYPES = ("INTEGER", "REAL", "TEXT", "BLOB", "")
 # Fixed width to the microsecond: text order is time order, and two parses of a page
 # in the same second still tell which came last.
@@ -178,7 +180,11 @@ def reserved_table(name: str) -> bool:
     """Whether ``name`` is one of the catalog database's own tables (SQLite's table
     names ignore case)."""
     folded = name.lower()
-    return folded in CATALOG_TABLES or folded.startswith(RESERVED_PREFIXES)
+    return (
+        folded in CATALOG_TABLES
+        or folded.startswith(RESERVED_PREFIXES)
+        or folded.endswith(KEY_INDEX_SUFFIX)
+    )
 
 
 def quote(name: str) -> str:
@@ -306,7 +312,7 @@ class ItemTables:
                 # (_key, _seq) serves; a natural key needs its own index, kept on
                 # every insert.
                 self.conn.execute(
-                    f"CREATE INDEX IF NOT EXISTS {quote(row.table + '_by_key')} "
+                    f"CREATE INDEX IF NOT EXISTS {quote(row.table + KEY_INDEX_SUFFIX)} "
                     f"ON {quote(row.table)} (_key, _spider)"
                 )
             known.update(META_COLUMNS, row.values)
