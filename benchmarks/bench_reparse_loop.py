@@ -15,8 +15,10 @@ Over a corpus of ``--pages`` stored product pages of ~50 KB (built once by
 Each is a whole process (start-up included) timed from outside; its CPU time is that
 of the whole process tree. A case's ratio is its pages/s over the loop's of the same
 round (times the number of workers for several: the target is ``>= 0.90``); ``cpu``
-is the loop's CPU seconds over the case's, which shows what the machinery costs
-whatever else the machine runs. ``scaling`` is every core against cores x one worker.
+is the loop's CPU seconds over the case's. ``scaling`` is every core against cores x
+one worker. Last, the loop and one-worker re-parses run in this process, timing
+the parser's CPU inside each: its share of each run's CPU gives the machinery's
+cost even on a machine whose other jobs make whole runs differ by 20%.
 On a shared machine the load average printed with each round says how far the wall
 figures can be trusted.
 """
@@ -33,11 +35,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import parse_loop
 from benchmarks.bench_reparse import build_corpus
+from crawler.reparse.plan import ReparseConfig
+from crawler.reparse.runner import Reparse, Reparser
 from crawler.storage.datadir import DataDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,6 +120,77 @@ def items_stored(data: Path) -> int:
             return 0
 
 
+@contextmanager
+def timed(owner, name: str, spent: list[float]):
+    """``owner.name`` replaced by itself adding its CPU seconds to ``spent[0]``."""
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        started = time.process_time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spent[0] += time.process_time() - started
+
+    setattr(owner, name, wrapper)
+    try:
+        yield
+    finally:
+        setattr(owner, name, original)
+
+
+def parser_shares(data: Path, out: Path) -> list[tuple[str, float, float]]:
+    """(case, CPU seconds, of which the parser's) of the loop and of one-worker
+    re-parses run in this process, start-up excluded: both figures are taken at the
+    same moment, so their quotient holds whatever else the machine runs."""
+    found = []
+    for name, output in (
+        ("loop", None),
+        ("item tables", None),
+        ("-o parquet", out / "share.parquet"),
+    ):
+        spent = [0.0]
+        started = time.process_time()
+        if name == "loop":
+            with timed(parse_loop, "parse_product", spent):
+                parse_loop.parse_all(data)
+        else:
+            config = ReparseConfig(spider="products", data_dir=data, workers=1, output=output)
+            with timed(Reparser, "_run_callback", spent):
+                Reparse(config).run()
+        found.append((name, time.process_time() - started, spent[0]))
+    return found
+
+
+def summarize(todo: list[Case], cores: int, say) -> None:
+    say(
+        "medians (ratio: pages/s over workers x the loop's of the same round; cpu: "
+        "the loop's CPU seconds over the case's):"
+    )
+    for case in todo:
+        line = (
+            f"  {case.name}: {statistics.median(case.rates):,.0f} pages/s, "
+            f"{statistics.median(case.cpus):.1f} s CPU"
+        )
+        if case.workers:
+            line += (
+                f", ratio {statistics.median(case.ratios):.2f} "
+                f"({' '.join(f'{r:.2f}' for r in case.ratios)}), "
+                f"cpu {statistics.median(case.cpu_ratios):.2f}"
+            )
+        say(line)
+    by_name = {c.name: c for c in todo}
+    for kind in ("item tables", "-o parquet"):
+        one = by_name.get(f"reparse 1 worker, {kind}")
+        many = by_name.get(f"reparse {cores} workers, {kind}")
+        if one and many and many is not one:
+            scaling = [m / (cores * o) for m, o in zip(many.rates, one.rates, strict=True)]
+            say(
+                f"  scaling, {kind}: {cores} workers over {cores} x 1 worker: "
+                f"{statistics.median(scaling):.2f} ({' '.join(f'{s:.2f}' for s in scaling)})"
+            )
+
+
 def run(
     pages: int = PAGES,
     rounds: int = 3,
@@ -157,34 +233,21 @@ def run(
                     case.cpu_ratios.append(loop.cpus[-1] / case.cpus[-1])
                     line += f" (ratio {case.ratios[-1]:.2f}, cpu {case.cpu_ratios[-1]:.2f})"
                 say(line)
+        shares = parser_shares(data, out)
     finally:
         shutil.rmtree(out, ignore_errors=True)
+    if rounds:
+        summarize(todo, cores, say)
     say(
-        "medians (ratio: pages/s over workers x the loop's of the same round; cpu: "
-        "the loop's CPU seconds over the case's):"
+        "in this process, start-up excluded (CPU per unit of parser CPU, the loop's over "
+        "the case's: the machinery's cost whatever the load):"
     )
-    for case in todo:
-        line = (
-            f"  {case.name}: {statistics.median(case.rates):,.0f} pages/s, "
-            f"{statistics.median(case.cpus):.1f} s CPU"
-        )
-        if case.workers:
-            line += (
-                f", ratio {statistics.median(case.ratios):.2f} "
-                f"({' '.join(f'{r:.2f}' for r in case.ratios)}), "
-                f"cpu {statistics.median(case.cpu_ratios):.2f}"
-            )
+    _, loop_cpu, loop_parser = shares[0]
+    for name, cpu, parser in shares:
+        line = f"  {name}: {cpu:.1f} s CPU, {parser:.1f} s of it in the parser ({parser / cpu:.0%})"
+        if name != "loop":
+            line += f", ratio {(loop_cpu / loop_parser) / (cpu / parser):.2f}"
         say(line)
-    by_name = {c.name: c for c in todo}
-    for kind in ("item tables", "-o parquet"):
-        one = by_name.get(f"reparse 1 worker, {kind}")
-        many = by_name.get(f"reparse {cores} workers, {kind}")
-        if one and many and many is not one:
-            scaling = [m / (cores * o) for m, o in zip(many.rates, one.rates, strict=True)]
-            say(
-                f"  scaling, {kind}: {cores} workers over {cores} x 1 worker: "
-                f"{statistics.median(scaling):.2f} ({' '.join(f'{s:.2f}' for s in scaling)})"
-            )
     return lines
 
 
