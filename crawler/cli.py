@@ -93,6 +93,11 @@ def pick_action(args: Sequence[str], actions: Sequence[str]) -> str:
         raise UsageError(
             f"unknown action {args[0]!r}: give one of {', '.join(actions)}", print_help=False
         )
+    # Scrapy parses with parse_known_args: an option no command knows (a typo) would
+    # end up among the arguments and be ignored.
+    unknown = [arg for arg in args[1:] if arg.startswith("-") and arg != "-"]
+    if unknown:
+        raise UsageError(f"unknown option {unknown[0]!r}", print_help=False)
     return args[0]
 
 

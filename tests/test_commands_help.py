@@ -60,6 +60,7 @@ def test_command_help_reads_in_80_columns(name):
 
 BAD = [
     (["catalog", "bogus"], "'bogus'"),
+    (["catalog", "stats", "--bogus"], "'--bogus'"),
     (["catalog"], "give an action"),
     (["catalog", "report", "--watch", "0"], "--watch"),
     (["catalog", "export", "--format", "xls"], "--format"),
