@@ -6,6 +6,9 @@ says so in one line."""
 from __future__ import annotations
 
 import os
+import subprocess
+
+import pytest
 
 from tests.checks import catalog_rows
 from tests.cmdline import run_scrapy
@@ -61,3 +64,32 @@ def test_offline_shell_on_a_cut_catalog_says_so(site, tmp_path, data_dir):
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and str(catalog) in errors[0], result.stderr[-3000:]
+
+
+def test_reparse_of_a_read_only_data_dir_fails_before_parsing(site, tmp_path):
+    # Root ignores permission bits: a data directory on a mount made read-only.
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(data_dir)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        urls = [f"{site.base_url}/page/{n}.html" for n in range(5)]
+        url_file = write_urls(tmp_path / "urls.txt", urls)
+        assert run_crawl(url_file, data_dir, *MODULES, spider="items").returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(data_dir)], check=True)
+        result = reparse(data_dir)
+        assert result.returncode == 2, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr and "Re-parsed" not in result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and "read-only" in errors[0] and str(data_dir) in errors[0]
+        # Reading it (-o elsewhere) needs no write.
+        out = tmp_path / "items.jsonl"
+        result = reparse(data_dir, "-o", str(out))
+        assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    finally:
+        subprocess.run(["umount", str(data_dir)], check=True)
