@@ -78,10 +78,14 @@ ARCHIVE_QUEUE_BYTES = 1_048_576
 # Statuses that are final answers and get a catalog row (other 3xx are followed).
 CATALOG_STORE_STATUSES = [200, 201, 202, 203, 204, 205, 206, 300, 301, 302, 303, 307, 308, 404, 410]
 PROGRESS_INTERVAL = 10.0
-# "warc" (gzip WARC records) or "zip" (bodies as <key[:2]>/<key>.<ext> in a zip, headers
-# as JSON in each entry's extra field; crawler/ziparchive.py). Zips roll over at 65,000
-# entries.
+# "warc" (gzip WARC records), "zip" (bodies as <key[:2]>/<key>.<ext> in a zip, headers
+# as JSON in each entry's extra field; zips roll over at 65,000 entries) or "sqlite"
+# (a bodies(id, key, body, headers, meta) table per file, for SQL over bodies).
+# crawler/storage/formats/ holds one module per format.
 ARCHIVE_FORMAT = "warc"
+# ARCHIVE_FORMAT=sqlite: 0 stores bodies as served, searchable with LIKE; 1-9 stores
+# each as a gzip member at that zlib level.
+ARCHIVE_SQLITE_GZIP_LEVEL = 0
 # `scrapy shell URL`: "archive" answers cataloged URLs from the archive and fetches (and
 # stores) the rest; "offline" answers only from the archive; "live" fetches, storing
 # nothing. Offline replay of a whole crawl:

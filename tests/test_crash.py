@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 
+import pytest
+
 from crawler.storage.datadir import DataDir
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
 from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
@@ -78,20 +80,28 @@ def kill_at_random_moments_then_resume(rng, site, tmp_path, data_dir):
     assert len(oks) == len(set(oks)), "a page logged ok twice"
 
 
-def test_a_killed_zip_crawl_resumes_with_every_url_stored_once(site, tmp_path, data_dir):
+@pytest.mark.parametrize("fmt", ["zip", "sqlite"])
+def test_a_killed_crawl_of_another_format_resumes_with_every_url_stored_once(
+    site, tmp_path, data_dir, fmt
+):
     with kill_moments() as rng:
-        kill_a_zip_crawl_then_resume(rng, site, tmp_path, data_dir)
+        kill_a_crawl_then_resume(rng, site, tmp_path, data_dir, fmt)
 
 
-def kill_a_zip_crawl_then_resume(rng, site, tmp_path, data_dir):
+def kill_a_crawl_then_resume(rng, site, tmp_path, data_dir, fmt):
     urls = [f"{site.base_url}/slow/{n}?ms=10" for n in range(200)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
-    args = ("-s", "CATALOG_BATCH_SIZE=7", "-s", "ARCHIVE_FORMAT=zip")
-    for attempt in range(3):
+    args = ("-s", "CATALOG_BATCH_SIZE=7", "-s", f"ARCHIVE_FORMAT={fmt}")
+    for attempt in range(4):
         proc = start_crawl(url_file, data_dir, *args, log_path=tmp_path / f"{attempt}.log")
-        target = committed_rows(data_dir) + rng.randint(5, 40)
+        target = committed_rows(data_dir) + rng.randint(5, 30)
         wait_for_rows(data_dir, target, proc)
-        kill_group(proc)
+        if attempt % 2 == 0:
+            kill_group(proc)
+        else:
+            os.kill(proc.pid, signal.SIGKILL)  # the crawl alone: its writer goes on
+            proc.wait(timeout=60)
+        # Read with no code of the project's (for sqlite, the sqlite3 shell alone).
         assert_every_row_reads_back(data_dir, site)
     result = run_crawl(url_file, data_dir, *args)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -81,7 +81,7 @@ def test_a_row_whose_record_is_unreadable_is_not_stored(data_dir):
         ("CATALOG_BATCH_SIZE", 0, "CATALOG_BATCH_SIZE must be at least 1"),
         ("ARCHIVE_COMPRESSOR", "lz4", "ARCHIVE_COMPRESSOR must be one of"),
         ("ARCHIVE_GZIP_LEVEL", 4, "ARCHIVE_GZIP_LEVEL must be 0-3 with ARCHIVE_COMPRESSOR=isal"),
-        ("ARCHIVE_FORMAT", "tar", "ARCHIVE_FORMAT must be warc or zip, not 'tar'"),
+        ("ARCHIVE_FORMAT", "tar", "ARCHIVE_FORMAT must be warc, zip or sqlite, not 'tar'"),
     ],
 )
 def test_bad_storage_settings_name_the_setting(setting, value, message):
@@ -135,7 +135,7 @@ def test_data_dir_layout_and_archives_of_every_format(tmp_path):
 
 
 def test_the_registry_knows_each_format_by_name_and_by_file():
-    assert formats.names() == "warc or zip"
+    assert formats.names() == "warc, zip or sqlite"
     assert formats.get(None) is formats.get("WARC") is formats.FORMATS["warc"]
     assert formats.for_path("archive/x.zip.open").name == "zip"
     assert formats.for_path("x.warc.gz").name == "warc"

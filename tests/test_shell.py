@@ -34,10 +34,12 @@ def own_site():
     demo.stop()
 
 
+@pytest.mark.parametrize("fmt", ["warc", "sqlite"])
 @deferred_f_from_coro_f
-async def test_shell_answers_from_the_archive_with_the_server_stopped(own_site, data_dir):
+async def test_shell_answers_from_the_archive_with_the_server_stopped(own_site, data_dir, fmt):
     base = own_site.base_url
-    await crawl_site([f"{base}/page/5.html", f"{base}/redirect/6"], data_dir)
+    urls = [f"{base}/page/5.html", f"{base}/redirect/6"]
+    await crawl_site(urls, data_dir, {"ARCHIVE_FORMAT": fmt})
     own_site.stop()
     expected = hashlib.sha256(own_site.payload("/page/5.html")).hexdigest()
     result, found = probe(f"{base}/page/5.html", data_dir)

@@ -1,6 +1,7 @@
 """A data directory read as a program outside the project reads it: the sqlite3 module
 for the catalog; for each row, a seek and read of the file the row names, then gzip and
-warcio (WARC) or the entry's local header (zip). None of the project's code, so that a
+warcio (WARC) or the entry's local header (zip), or the ``sqlite3`` command-line shell's
+``SELECT`` of the body a row names (sqlite). None of the project's code, so that a
 fault in its readers cannot hide one in what it wrote."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import io
 import os
 import sqlite3
 import struct
+import subprocess
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -64,8 +66,42 @@ def reader(archive: str) -> Callable[[bytes], bytes]:
     raise AssertionError(f"{archive}: a row names a file of no known format")
 
 
+def sqlite_body(path: Path, row_id: int) -> tuple[int, bytes]:
+    """The stored size and the body of row ``row_id`` of the ``bodies`` table, as the
+    ``sqlite3`` shell reads them (hex, so that any bytes survive its text output)."""
+    sql = (
+        "SELECT length(CAST(body AS BLOB)) || '|' || hex(body) || '|' "
+        "|| coalesce(json_extract(meta, '$.encoding'), '') "
+        f"FROM bodies WHERE id = {int(row_id)}"
+    )
+    out = subprocess.run(
+        ["sqlite3", "-readonly", "-bail", str(path), sql],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, f"sqlite3 {path}: {out.stderr.strip()}"
+    assert out.stdout.strip(), f"{path}: no body of id {row_id}"
+    stored, hexed, encoding = out.stdout.strip().split("|")
+    body = bytes.fromhex(hexed)
+    return int(stored), gzip.decompress(body) if encoding == "gzip" else body
+
+
 def record_problem(data_dir: Path, archive: str, offset: int, length: int) -> tuple[str, bytes]:
     """("", body) when the record a row points at reads back; else (what is wrong, b"")."""
+    if archive.endswith(".sqlite"):
+        # A row names the body's id (offset) and its stored size (length).
+        path = data_dir / archive
+        if not path.exists():
+            return f"{archive}: no such file", b""
+        try:
+            stored, body = sqlite_body(path, offset)
+        except (AssertionError, OSError) as exc:
+            return f"{archive} id {offset} does not read back: {exc}", b""
+        if stored != length:
+            return f"{archive} id {offset} stores {stored} bytes, the row says {length}", b""
+        return "", body
     end = offset + length
     try:
         with open(data_dir / archive, "rb") as f:  # the name the row gives, nothing else

@@ -36,8 +36,7 @@ from crawler.reparse.plan import (
 from crawler.reparse.responses import build_response
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
-from crawler.storage.errors import ArchiveError, TruncatedRecordError
-from crawler.storage.formats.base import OPEN_SUFFIX
+from crawler.storage.errors import ArchiveError
 from crawler.storage.items import ItemTableWriter, PageItems, parsed_at_now
 
 logger = logging.getLogger(__name__)
@@ -180,25 +179,20 @@ class Reparser:
         problems: list[Problem] = []
         items: list = []
         result = TaskResult(items, stats, problems, len(task.rows))
+        fmt = formats.for_path(task.path)
         try:
-            with open_archive(task.path) as f:
-                f.seek(task.start)
-                data = f.read(task.end - task.start)
+            records = fmt.read_span(task.path, [(row[5], row[6]) for row in task.rows])
         except OSError as exc:
             for row in task.rows:
                 problems.append(Problem("corrupt", f"{task.path}: offset {row[5]}: {exc}"))
             stats["reparse/errors/corrupt"] += len(task.rows)
             return result
-        fmt = formats.for_path(task.path)
-        for key, url, _final_url, method, fetched_at, offset, length in task.rows:
-            start = offset - task.start
-            chunk = data[start : start + length]
+        for (key, url, _final_url, method, fetched_at, offset, _length), stored in zip(
+            task.rows, records, strict=True
+        ):
             try:
-                if len(chunk) < length:
-                    raise TruncatedRecordError(
-                        f"{task.path}: offset {offset}: file ends inside the record"
-                    )
-                stored = fmt.decode(chunk, task.path, offset)
+                if isinstance(stored, ArchiveError):
+                    raise stored
                 if stored.key != key:
                     raise ArchiveError(
                         f"{task.path}: offset {offset}: record of key {stored.key}, not {key}"
@@ -263,16 +257,6 @@ class Reparser:
             )
             return False
         return True
-
-
-def open_archive(path: str):
-    """``path``, or the same file under its other name: a file being written is
-    renamed from its ``.open`` name when it closes, maybe since it was looked up."""
-    try:
-        return open(path, "rb")
-    except FileNotFoundError:
-        other = path.removesuffix(OPEN_SUFFIX) if path.endswith(OPEN_SUFFIX) else path + OPEN_SUFFIX
-        return open(other, "rb")
 
 
 def iterate(result):

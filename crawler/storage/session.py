@@ -64,6 +64,7 @@ class SessionConfig:
                 f"ARCHIVE_GZIP_LEVEL must be 0-{MAX_LEVEL[compressor]} with "
                 f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
             )
+        fmt = formats.get(settings.get("ARCHIVE_FORMAT"))
         return cls(
             store=StoreConfig(
                 data_dir=datadir.root,
@@ -74,7 +75,8 @@ class SessionConfig:
                 batch_size=batch_size,
                 flush_seconds=_number(settings, "CATALOG_FLUSH_SECONDS", float),
                 rollover_seconds=_number(settings, "ARCHIVE_ROLLOVER_SECONDS", float),
-                format=formats.get(settings.get("ARCHIVE_FORMAT")).name,
+                format=fmt.name,
+                format_options=fmt.options(settings),
                 items=settings.getbool("CATALOG_ITEMS_ENABLED"),
             ),
             store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),

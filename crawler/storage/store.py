@@ -38,6 +38,7 @@ class StoreConfig:
     flush_seconds: float = 5.0
     rollover_seconds: float = 0.0
     format: str = formats.DEFAULT  # a name in crawler.storage.formats.FORMATS
+    format_options: dict = field(default_factory=dict)  # ArchiveFormat.options()
     # Hold each row until its page's items arrive, and commit them together.
     items: bool = False
 
@@ -131,6 +132,7 @@ class Store:
             rollover_seconds=config.rollover_seconds,
             gzip_level=config.gzip_level,
             compressor=config.compressor,
+            **config.format_options,
         )
         self.batch = BatchWriter(
             self.catalog,

@@ -12,17 +12,18 @@ import os
 
 from crawler.storage.errors import SettingError
 from crawler.storage.formats.base import OPEN_SUFFIX, ArchiveFormat
+from crawler.storage.formats.sqlite import FORMAT as SQLITE
 from crawler.storage.formats.warc import FORMAT as WARC
 from crawler.storage.formats.zip import FORMAT as ZIP
 
-FORMATS: dict[str, ArchiveFormat] = {fmt.name: fmt for fmt in (WARC, ZIP)}
+FORMATS: dict[str, ArchiveFormat] = {fmt.name: fmt for fmt in (WARC, ZIP, SQLITE)}
 DEFAULT = WARC.name
 
 __all__ = ["FORMATS", "OPEN_SUFFIX", "ArchiveFormat", "for_path", "get", "names"]
 
 
 def names() -> str:
-    """The formats' names, for messages: ``warc or zip``."""
+    """The formats' names, for messages: ``warc, zip or sqlite``."""
     *first, last = FORMATS
     return f"{', '.join(first)} or {last}" if first else last
 

@@ -211,6 +211,17 @@ class RollingFile:
             self._file = None
 
 
+def _open_either(path: str | os.PathLike):
+    """``path``, or the same file under its other name: a file being written is
+    renamed from its legacy ``.open`` name when it closes, maybe since it was looked up."""
+    path = os.fspath(path)
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        other = path.removesuffix(OPEN_SUFFIX) if path.endswith(OPEN_SUFFIX) else path + OPEN_SUFFIX
+        return open(other, "rb")
+
+
 @dataclass
 class Repair:
     """What closing a file left open by a killed run did."""
@@ -300,6 +311,11 @@ class ArchiveFormat:
     ) -> ArchiveWriter:
         raise NotImplementedError
 
+    def options(self, settings) -> dict:
+        """The writer's own settings, read from Scrapy ``settings`` (a bad value raises
+        :class:`SettingError` naming it); passed to :meth:`writer` as keywords."""
+        return {}
+
     def decode(self, data: bytes, path: str | os.PathLike, offset: int) -> StoredRecord:
         """The stored answer in ``data``, the bytes of one record read at ``offset``."""
         raise NotImplementedError
@@ -307,6 +323,29 @@ class ArchiveFormat:
     def read(self, path: str | os.PathLike, offset: int, length: int) -> StoredRecord:
         """The stored answer at ``offset`` of ``path`` (what a catalog row points at)."""
         return self.decode(read_range(path, offset, length, self.what), path, offset)
+
+    def read_span(
+        self, path: str | os.PathLike, spans: list[tuple[int, int]]
+    ) -> list[StoredRecord | ArchiveError]:
+        """The stored answers at ``(offset, length)`` spans of one file, sorted by offset,
+        read with one read; a record that does not decode is its error in the list, a
+        file that cannot be read raises OSError."""
+        start, end = spans[0][0], spans[-1][0] + spans[-1][1]
+        with _open_either(path) as f:
+            f.seek(start)
+            data = f.read(end - start)
+        out: list[StoredRecord | ArchiveError] = []
+        for offset, length in spans:
+            chunk = data[offset - start : offset - start + length]
+            try:
+                if len(chunk) < length:
+                    raise TruncatedRecordError(
+                        f"{path}: offset {offset}: file ends inside the {self.what}"
+                    )
+                out.append(self.decode(chunk, path, offset))
+            except ArchiveError as exc:
+                out.append(exc)
+        return out
 
     def index(self, path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
         """Every complete record of a file as catalog rows (an error at a bad one)."""
