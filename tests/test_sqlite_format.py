@@ -3,13 +3,18 @@ rows that name them, read back with nothing but the sqlite3 shell."""
 
 from __future__ import annotations
 
+import io
+import json
 import sqlite3
 import subprocess
+import zipfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_f_from_coro_f
+from warcio.archiveiterator import ArchiveIterator
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
@@ -20,9 +25,11 @@ from crawler.storage.formats.sqlite import SqliteWriter
 from crawler.storage.store import Store, StoreConfig, recover
 from crawler.tools.rebuild import Rebuild
 from crawler.tools.verify import Verify
+from crawler.tools.wacz import WaczBuilder
 from slurm.ship import Shipper, merge_shipped
 from tests.checks import assert_rows_readable, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
+from tests.conftest import ROOT
 from tests.crawls import crawl_site
 from tests.factories import listed_body, listed_fetch
 from tests.factories import page_fetch as fetch
@@ -148,3 +155,28 @@ async def test_crawl_stores_sqlite_bodies(site, tmp_path, data_dir):
     with Catalog(rebuilt.path, readonly=True) as catalog:
         assert {r.key: r for r in catalog.rows()} == rows
     assert Verify(data_dir).run().ok
+    # A WACZ holds WARCs: the bodies are converted to WARC response records.
+    out = tmp_path / "crawl.wacz"
+    WaczBuilder(data_dir, out).run()
+    check = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "wacz"), "validate", "-f", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "the passed WACZ is valid" in check.stdout, check.stdout + check.stderr
+    with zipfile.ZipFile(out) as zf:
+        (warc,) = [n for n in zf.namelist() if n.startswith("archive/")]
+        assert warc == f"archive/{archive.name}.warc.gz"
+        responses = {
+            record.rec_headers.get_header("WARC-Target-URI"): record.content_stream().read()
+            for record in ArchiveIterator(io.BytesIO(zf.read(warc)))
+            if record.rec_type == "response"
+        }
+        pages = [json.loads(line)["url"] for line in zf.read("pages/pages.jsonl").splitlines()[1:]]
+    assert responses == {
+        row.final_url: site.payload(urlsplit(row.final_url).path) for row in rows.values()
+    }
+    assert set(pages) == {
+        r.final_url for r in rows.values() if r.content_type.startswith("text/html")
+    }

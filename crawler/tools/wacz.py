@@ -1,5 +1,6 @@
 """``scrapy catalog index`` (a sorted CDXJ of the WARCs, for pywb) and ``wacz``
-(WARCs, index and pages packaged for replayweb.page)."""
+(WARCs, index and pages packaged for replayweb.page; archives of another format are
+converted to WARC records in the package)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from pathlib import Path
 
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
+from crawler.storage.errors import ArchiveError
+from crawler.storage.formats.warc import WarcWriter
+from crawler.storage.records import Fetch, Row
 from crawler.tools.scan import ToolError, open_catalog
 from crawler.tools.tmpfiles import temp_path
 
@@ -23,6 +27,48 @@ WACZ_VERSION = "1.1.1"
 def warc_paths(data_dir: Path) -> list[Path]:
     """The closed WARC files of a data directory (CDXJ and WACZ hold WARCs only)."""
     return DataDir(data_dir).archives(formats.get("warc"))
+
+
+def other_archives(data_dir: Path) -> list[Path]:
+    """The closed archive files of formats other than WARC (zip, sqlite)."""
+    warc = formats.get("warc")
+    return [p for p in DataDir(data_dir).archives() if formats.for_path(p) is not warc]
+
+
+def _fetch(row: Row, stored) -> Fetch:
+    fetched_at = datetime.fromisoformat(row.fetched_at.replace("Z", "+00:00")).timestamp()
+    return Fetch(
+        key=row.key,
+        url=row.url,
+        final_url=row.final_url,
+        method=row.method,
+        request_headers=[],
+        request_body=b"",
+        status=stored.status,
+        response_headers=stored.headers,
+        body=stored.body,
+        fetched_at=fetched_at,
+    )
+
+
+def convert_to_warc(path: Path, data_dir: Path, directory: Path) -> Path | None:
+    """The responses of an archive file of another format as ``<name>.warc.gz`` in
+    ``directory``, each a WARC ``response`` record (and its ``request``), as the crawl
+    would have written them with ``ARCHIVE_FORMAT=warc``."""
+    fmt = formats.for_path(path)
+    rows = fmt.index(path, data_dir).rows
+    writer = WarcWriter(directory, directory, prefix="convert", rollover_bytes=1 << 62)
+    spans = [(row.offset, row.length) for row in rows]
+    for row, stored in zip(rows, fmt.read_span(path, spans) if spans else [], strict=True):
+        if isinstance(stored, ArchiveError):
+            raise ToolError(f"cannot convert {path} to WARC: {stored}")
+        writer.write_fetch(_fetch(row, stored))
+    written = writer.close()
+    if written is None:  # a file of 304 revisits alone: nothing to replay
+        return None
+    target = directory / f"{path.name}.warc.gz"
+    os.replace(written, target)
+    return target
 
 
 def write_cdxj(paths: list[Path], out, compress=None, idx_name: str | None = None) -> None:
@@ -129,15 +175,22 @@ class WaczBuilder:
         return n
 
     def run(self) -> Path:
+        others = other_archives(self.data_dir)
         paths = warc_paths(self.data_dir)
-        if not paths:
-            raise ToolError(f"no closed WARC files under {DataDir(self.data_dir).archive_dir}")
+        if not paths and not others:
+            raise ToolError(f"no closed archive files under {DataDir(self.data_dir).archive_dir}")
         self.output.parent.mkdir(parents=True, exist_ok=True)
         tmp_out = temp_path(self.output)
         self.resources = []
         try:
             with tempfile.TemporaryDirectory() as tmp, zipfile.ZipFile(tmp_out, "w") as zf:
                 tmpdir = Path(tmp)
+                converted = tmpdir / "converted"
+                converted.mkdir()
+                names = {p.name for p in paths} | {p.name for p in others}
+                for other in others:
+                    if (warc := convert_to_warc(other, self.data_dir, converted)) is not None:
+                        paths.append(warc)
                 for path in paths:
                     self._add_file(zf, f"archive/{path.name}", path)
                 with (
@@ -148,7 +201,7 @@ class WaczBuilder:
                 self._add_file(zf, "indexes/index.cdx.gz", tmpdir / "index.cdx.gz")
                 self._add_file(zf, "indexes/index.idx", tmpdir / "index.idx")
                 with open(tmpdir / "pages.jsonl", "w", encoding="utf-8") as pages:
-                    self.pages(pages, {p.name for p in paths})
+                    self.pages(pages, names)
                 self._add_file(zf, "pages/pages.jsonl", tmpdir / "pages.jsonl")
                 package = self._datapackage()
                 zf.writestr("datapackage.json", package)
