@@ -27,7 +27,7 @@ import logging
 import time
 
 from scrapy import Request, signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
+from scrapy.exceptions import CloseSpider, IgnoreRequest, NotConfigured, UsageError
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.misc import build_from_crawler, load_object
@@ -145,7 +145,9 @@ class StorageExtension:
             recovery = self.session.open(spider.name, self.run_settings)
         except (StoreError, CatalogError, OSError) as exc:
             self._fail(f"cannot open the data directory {datadir.root}: {exc}")
-            return
+            # The engine is not running yet: this stops it before its first request
+            # (robots.txt included).
+            raise CloseSpider("storage_error") from None
         if recovery.indexed_rows:
             self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
         self.storing = True
@@ -168,8 +170,10 @@ class StorageExtension:
         except StoreError as exc:
             self._fail(f"The archive writer failed: {exc}")
             summary = None
-        logger.info("%s", self.outcomes())
         self._wake()  # waiters find no catalog: their requests are fetched
+        if self.session.recovery is None:
+            return  # it never opened: its error said it all
+        logger.info("%s", self.outcomes())
         if summary:
             self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
             # What storing cost besides the crawl's own process (benchmarks read it).

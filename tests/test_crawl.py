@@ -19,6 +19,7 @@ from crawler.storage.keys import request_key
 from tests.checks import actions, assert_rows_readable, catalog_rows, rows_by_url
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.crawls import crawl_site, crawled
+from tests.rawserver import RawServer, response
 
 KINDS = ["page/1.html", "gzip/2", "chunked/3", "redirect/4", "binary/5", "latin1/6"]
 
@@ -299,20 +300,27 @@ def test_a_users_own_spider_gets_the_same_storage(site, tmp_path, data_dir):
     assert len(assert_rows_readable(data_dir, site)) == 2
 
 
-def test_a_second_crawl_on_the_same_data_dir_is_refused(site, tmp_path, data_dir):
+def test_a_crawl_refused_the_data_dir_sends_no_request(tmp_path, data_dir):
     from crawler.storage.datadir import DataDir
     from crawler.storage.errors import StoreError
 
+    # Its own server: every request it sees (robots.txt included) is this crawl's.
+    server = RawServer({"/page/1.html": response(body=b"<html>one</html>")})
     lock = DataDir(data_dir).lock()
     lock.acquire()
     try:
-        result = run_crawl(
-            write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/1.html"]), data_dir
-        )
+        urls = write_urls(tmp_path / "u.txt", [server.url(f"/page/{n}.html") for n in range(5)])
+        result = run_crawl(urls, data_dir, "-s", "LOG_QUIET=1")
     finally:
         lock.release()
+        server.close()
     assert result.returncode == 1
-    assert "is in use by another crawl" in result.stderr
+    assert sum(server.counts.values()) == 0, server.counts
+    # One line says why (no outcome summary of a run that never started), besides
+    # Scrapy's own "Spider closed (storage_error)".
+    said = [line for line in result.stderr.splitlines() if line.strip()]
+    said = [line for line in said if "Spider closed (storage_error)" not in line]
+    assert len(said) == 1 and "is in use by another crawl" in said[0], result.stderr
     with pytest.raises(StoreError):
         other = DataDir(data_dir).lock()
         lock.acquire()
