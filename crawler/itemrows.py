@@ -91,43 +91,58 @@ def item_row(item, spider_name: str) -> ItemRow:
     """``item`` as a row; raises ItemFieldError naming the field that cannot be stored."""
     table, natural, types = _class_rule(type(item))
     table = table or spider_name
-    if reserved_table(table):
-        raise ItemFieldError(
-            f"table {table!r} is reserved for the catalog (its own tables, names starting "
-            "with _ or sqlite_, ending with _by_key): name another with the class's "
-            "catalog_table"
-        )
-    adapter = ItemAdapter(item)
+    if problem := _table_problem(table):
+        raise ItemFieldError(problem)
     values: dict[str, object] = {}
     nan_fields: list[str] = []
-    folded: dict[str, str] = {}
-    for name, value in adapter.items():
-        twin = folded.setdefault(name.lower(), name)
-        if twin != name:
-            raise ItemFieldError(
-                f"fields {twin!r} and {name!r} differ only in case, and one column "
-                "holds both (SQLite's column names ignore case): rename one",
-                name,
-            )
-        if not _NAME.match(name) or name.startswith("_"):
-            raise ItemFieldError(
-                f"field name {name!r} is not a column name (letters, digits, _; "
-                "not starting with _)",
-                name,
-            )
+    for name, value in ItemAdapter(item).items():
         try:
             stored = values[name] = column_value(value)
         except ItemValueError as exc:
             raise ItemFieldError(str(exc), name) from None
-        if _nan_stored(value, stored):
+        # A NaN is stored as NULL: bare, or null in a list's JSON (walked only then).
+        nested = type(value) in _NESTED
+        if stored is None and value is not None or nested and "null" in stored and has_nan(value):
             nan_fields.append(name)
+    if problem := _names_problem(tuple(values)):
+        raise ItemFieldError(*problem)
     missing = [n for n in natural if values.get(n) is None]
     if missing:
         raise ItemFieldError(f"natural key field {missing[0]!r} is empty", missing[0])
     return ItemRow(table, values, types, natural, tuple(nan_fields))
 
 
-def _nan_stored(value: object, stored: object) -> bool:
-    if stored is None:
-        return value is not None  # a bare NaN
-    return isinstance(stored, str) and "null" in stored and has_nan(value)
+_NESTED = (list, tuple, dict)
+
+
+@lru_cache(maxsize=256)
+def _table_problem(table: str) -> str | None:
+    if not reserved_table(table):
+        return None
+    return (
+        f"table {table!r} is reserved for the catalog (its own tables, names starting "
+        "with _ or sqlite_, ending with _by_key): name another with the class's "
+        "catalog_table"
+    )
+
+
+@lru_cache(maxsize=1024)
+def _names_problem(names: tuple[str, ...]) -> tuple[str, str] | None:
+    """(message, field) when the field names of an item cannot be its columns; the
+    answer per set of names is kept: items of one class share theirs."""
+    folded: dict[str, str] = {}
+    for name in names:
+        if not _NAME.match(name) or name.startswith("_"):
+            return (
+                f"field name {name!r} is not a column name (letters, digits, _; "
+                "not starting with _)",
+                name,
+            )
+        twin = folded.setdefault(name.lower(), name)
+        if twin != name:
+            return (
+                f"fields {twin!r} and {name!r} differ only in case, and one column "
+                "holds both (SQLite's column names ignore case): rename one",
+                name,
+            )
+    return None
