@@ -91,7 +91,9 @@ def test_a_killed_crawl_of_another_format_resumes_with_every_url_stored_once(
 def kill_a_crawl_then_resume(rng, site, tmp_path, data_dir, fmt):
     urls = [f"{site.base_url}/slow/{n}?ms=10" for n in range(200)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
+    # Small rollovers: kills also land while one file closes and the next opens.
     args = ("-s", "CATALOG_BATCH_SIZE=7", "-s", f"ARCHIVE_FORMAT={fmt}")
+    args += ("-s", "ARCHIVE_ROLLOVER_BYTES=200000")
     for attempt in range(4):
         proc = start_crawl(url_file, data_dir, *args, log_path=tmp_path / f"{attempt}.log")
         target = committed_rows(data_dir) + rng.randint(5, 30)

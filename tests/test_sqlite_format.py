@@ -39,7 +39,10 @@ from tests.thirdparty import record_problem
 def sqlite3_shell(path: Path, sql: str) -> str:
     """What the sqlite3 command-line shell prints for ``sql`` on ``path``."""
     out = subprocess.run(
-        ["sqlite3", "-readonly", str(path), sql], capture_output=True, text=True, timeout=60
+        ["sqlite3", "-readonly", "-cmd", ".timeout 30000", str(path), sql],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()

@@ -75,7 +75,9 @@ def sqlite_body(path: Path, row_id: int) -> tuple[int, bytes]:
         f"FROM bodies WHERE id = {int(row_id)}"
     )
     out = subprocess.run(
-        ["sqlite3", "-readonly", "-bail", str(path), sql],
+        # A busy timeout, as any reader of a live database sets: closing a file takes
+        # it out of WAL mode, which locks it for a moment.
+        ["sqlite3", "-readonly", "-bail", "-cmd", ".timeout 30000", str(path), sql],
         capture_output=True,
         text=True,
         timeout=60,
