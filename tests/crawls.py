@@ -15,6 +15,7 @@ from scrapy.crawler import Crawler, CrawlerRunner
 from scrapy.settings import Settings
 from scrapy.utils.defer import deferred_from_coro
 
+from commands.crawl import exit_status
 from spiders.site import SiteSpider
 from tests.conftest import project_settings, write_urls
 
@@ -32,8 +33,11 @@ class OnePage(scrapy.Spider):
         pass
 
 
-async def crawl(spider_cls, data_dir: Path, settings: dict | None = None, **args) -> Crawler:
-    """Crawl with ``spider_cls`` (spider arguments ``args``) into ``data_dir``.
+async def crawl(
+    spider_cls, data_dir: Path, settings: dict | None = None, *, status: int = 0, **args
+) -> Crawler:
+    """Crawl with ``spider_cls`` (spider arguments ``args``) into ``data_dir``; the
+    crawl must end as ``scrapy crawl`` exits ``status``.
 
     ``settings`` are set as ``-s`` sets them (command-line priority, recorded as the
     run's settings), and so is ``DATA_DIR``, as ``run_crawl`` gives it."""
@@ -43,6 +47,9 @@ async def crawl(spider_cls, data_dir: Path, settings: dict | None = None, **args
     # from_crawler may still set them, as under ``scrapy crawl``.
     crawler = CrawlerRunner(values).create_crawler(spider_cls)
     await crawler.crawl_async(**args)
+    stats = crawler.stats
+    ended = exit_status(stats.get_value("finish_reason"), stats.get_value("archive/error"))
+    assert ended == status, f"the crawl would exit {ended}: {stats.get_stats()}"
     return crawler
 
 

@@ -269,8 +269,7 @@ async def test_depth_crawl_stays_on_site_and_resumes_to_the_same_pages(site, tmp
     deeper = {urlsplit(u).path for u, d in linked_within(site, start, 3).items() if d == 3}
     deeper -= {urlsplit(u).path for u in within}
     assert deeper and not {p for p in deeper if site.counts[p]}, "fetched beyond depth 2"
-    # Its exit status (75) is test_failures.py's.
-    stopped = await crawl_site(url_file, part, {"CLOSESPIDER_PAGECOUNT": 8}, depth="2")
+    stopped = await crawl_site(url_file, part, {"CLOSESPIDER_PAGECOUNT": 8}, status=75, depth="2")
     assert stopped.stats.get_value("finish_reason") == "closespider_pagecount"
     assert len(rows_by_url(part)) < len(reached)
     resumed = await crawl_site(url_file, part, depth="2")
