@@ -80,6 +80,8 @@ Exit status:
                 print_help=False,
             )
         crawler = self._create_crawler(args[0])
+        # Recorded with the run in runs.jsonl (a depth crawl's depth is no setting).
+        crawler.settings.set("SPIDER_ARGUMENTS", dict(opts.spargs), priority="cmdline")
         self._usage_error: str | None = None
         started = self.crawler_process.crawl(crawler, **opts.spargs)
         if hasattr(started, "addErrback"):  # Deferred (CrawlerProcess)

@@ -56,6 +56,8 @@ def shell_settings(settings, data_dir_free: bool = True) -> dict:
         "HTTPCACHE_IGNORE_MISSING": mode == "offline",
         "DOWNLOADER_MIDDLEWARES": middlewares,
         "ARCHIVE_ENABLED": mode == "archive" and data_dir_free,
+        # It stores what it fetches, but is no run: the report's latest run stays a crawl.
+        "ARCHIVE_RUNS_LOG": False,
     }
 
 

@@ -56,6 +56,10 @@ LOG_QUIET = True
 # --- Storage -----------------------------------------------------------------------
 DATA_DIR = "data"
 ARCHIVE_ENABLED = True
+# Each run appends a line to DATA_DIR/runs.jsonl (`scrapy shell` does not).
+ARCHIVE_RUNS_LOG = True
+# Set by `scrapy crawl` to the spider's -a arguments, recorded in runs.jsonl.
+SPIDER_ARGUMENTS = {}
 # One transaction per CATALOG_BATCH_SIZE rows, and at least every
 # CATALOG_FLUSH_SECONDS, so that a slow crawl does not hold rows back.
 CATALOG_BATCH_SIZE = 200

@@ -94,10 +94,13 @@ class StorageExtension:
         self.policy: ArchivePolicy = build_from_crawler(policy, crawler, self.config.store_statuses)
         self.session = StorageSession(self.config)
         # What runs.jsonl records of this run, as plain text: the storage core takes
-        # no Scrapy settings.
-        self.run_settings = crawl_settings(
-            crawler.settings.copy_to_dict().items(), hub_url(crawler.settings)
-        )
+        # no Scrapy settings. `scrapy shell` stores pages but is no run of a spider.
+        self.run_settings = None
+        self.run_arguments = crawler.settings.getdict("SPIDER_ARGUMENTS")
+        if crawler.settings.getbool("ARCHIVE_RUNS_LOG", True):
+            self.run_settings = crawl_settings(
+                crawler.settings.copy_to_dict().items(), hub_url(crawler.settings)
+            )
         # Per-response counts are kept here and added to the stats once a second (and
         # at the end): Scrapy's stats collector hooks every attribute access, which
         # cost more per response than counting here (docs/benchmarks.md).
@@ -142,7 +145,7 @@ class StorageExtension:
         self.start_writer()
         datadir = self.session.datadir
         try:
-            recovery = self.session.open(spider.name, self.run_settings)
+            recovery = self.session.open(spider.name, self.run_settings, self.run_arguments)
         except (StoreError, CatalogError, OSError) as exc:
             self._fail(f"cannot open the data directory {datadir.root}: {exc}")
             # The engine is not running yet: this stops it before its first request

@@ -10,6 +10,8 @@ import socket
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.storage.runlog import append_run, last_run
+from tests.checks import rows_by_url
+from tests.cmdline import run_scrapy
 from tests.crawls import crawl_site
 from tests.hubs import pg_schema_url
 
@@ -55,3 +57,28 @@ def test_the_last_whole_line_is_the_latest_run(tmp_path):
     with open(path, "a") as f:
         f.write('{"started": "2026-')  # a killed run's torn line
     assert last_run(path)["settings"] == {"CONCURRENT_REQUESTS": "2"}
+
+
+def test_a_crawl_records_its_arguments_and_a_shell_session_is_no_run(tmp_path, site):
+    import re
+
+    from tests.conftest import run_crawl, write_urls
+    from tests.test_report import run_report
+
+    data_dir = tmp_path / "data"
+    urls = write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/{n}.html" for n in range(3)])
+    crawled = run_crawl(urls, data_dir, "-a", "depth=2")
+    assert crawled.returncode == 0, crawled.stderr
+    shell = run_scrapy(
+        "shell", f"{site.base_url}/page/300.html", "-s", f"DATA_DIR={data_dir}", "-c", "1"
+    )
+    assert shell.returncode == 0, shell.stderr
+    assert rows_by_url(data_dir).get(f"{site.base_url}/page/300.html")  # it stored
+    runs = [json.loads(line) for line in (data_dir / "runs.jsonl").read_text().splitlines()]
+    assert [run["spider"] for run in runs] == ["site"]
+    assert runs[0]["arguments"] == {"urls": str(urls), "depth": "2"}
+    report = tmp_path / "report.html"
+    result = run_report(data_dir, report)
+    assert result.returncode == 0, result.stderr
+    html = report.read_text()
+    assert re.search(r'data-setting="-a depth">2<', html), "the report shows no -a depth"

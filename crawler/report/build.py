@@ -136,7 +136,10 @@ class ReportBuilder:
         shown = {str(name): redact_url(str(value)) for name, value in run["settings"].items()}
         if self.hub_url and "HUB_URL" not in shown:
             shown["HUB_URL"] = crawl_settings([], self.hub_url)["HUB_URL"]
-        return sorted(shown.items())
+        arguments = run.get("arguments")
+        given = arguments.items() if isinstance(arguments, dict) else ()
+        # The spider's arguments first, as the command line gave them (-a depth=3).
+        return [(f"-a {k}", redact_url(str(v))) for k, v in given] + sorted(shown.items())
 
     def render(self) -> str:
         from crawler.report.html import render_page

@@ -1,5 +1,6 @@
 """The run log: ``DATA_DIR/runs.jsonl``, one JSON line per crawl that stored here, with
-what it ran with (started, pid, host, spider, its crawl settings, already redacted).
+what it ran with (started, pid, host, spider, its arguments and crawl settings, already
+redacted).
 
 Each line is written whole by one ``write`` on a file opened with ``O_APPEND``, as the
 action log is, so a killed crawl leaves at most its own line incomplete.
@@ -14,11 +15,19 @@ import socket
 import time
 from pathlib import Path
 
+from crawler.hub.redact import redact_url
+
 logger = logging.getLogger(__name__)
 
 
-def append_run(path: str | os.PathLike, spider: str, settings: dict[str, str]) -> dict:
-    """Append this process's run to *path* and return the entry written."""
+def append_run(
+    path: str | os.PathLike,
+    spider: str,
+    settings: dict[str, str],
+    arguments: dict[str, str] | None = None,
+) -> dict:
+    """Append this process's run to *path* and return the entry written; *arguments*
+    are the spider's (``-a``: its URL list, depth...)."""
     now = time.time()
     entry = {
         # To the millisecond, as the action log's lines: a run started within the
@@ -28,6 +37,7 @@ def append_run(path: str | os.PathLike, spider: str, settings: dict[str, str]) -
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "spider": spider,
+        "arguments": {str(k): redact_url(str(v)) for k, v in (arguments or {}).items()},
         "settings": dict(settings),
     }
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -182,11 +182,17 @@ class StorageSession:
             return None
         return ReplyWatcher(self.writer.reply_fd, on_readable)
 
-    def open(self, spider: str = "", settings: dict[str, str] | None = None) -> Recovery:
+    def open(
+        self,
+        spider: str = "",
+        settings: dict[str, str] | None = None,
+        arguments: dict[str, str] | None = None,
+    ) -> Recovery:
         """Open everything a crawl writes with; raises StoreError, CatalogError or
         OSError (what is open by then is released by :meth:`close`). With *settings*
         (plain text, credentials already redacted), the run is appended to
-        ``runs.jsonl`` once the data directory is locked."""
+        ``runs.jsonl`` once the data directory is locked, with the spider's
+        *arguments*."""
         self.start_writer()
         self._lock.acquire()
         items = self.config.store.items
@@ -211,7 +217,7 @@ class StorageSession:
         self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
         self.log = ActionLog(self.datadir.action_log_path)
         if settings is not None:
-            append_run(self.datadir.runs_path, spider, settings)
+            append_run(self.datadir.runs_path, spider, settings, arguments)
         self.writer.open(self.config.store)
         # A full scan of the catalog: off the crawl's way, it only warns.
         threading.Thread(
