@@ -100,46 +100,84 @@ TITLES_JS = """() => Array.from(document.querySelectorAll('figure.plot')).map(f 
 OVERFLOW_JS = "() => document.documentElement.scrollWidth - window.innerWidth"
 
 
+class Chromium:
+    """One browser for the module's pages, each read in a context of its own.
+
+    Playwright's sync API refuses a thread whose asyncio loop runs (pytest-twisted's),
+    and wants every call from the thread that started it: one thread of its own."""
+
+    def __init__(self):
+        self.pool = ThreadPoolExecutor(1)
+        self.playwright = self.browser = None
+
+    def read(self, path: Path, width: int) -> dict:
+        return self.pool.submit(self._read, path, width).result(timeout=300)
+
+    def _read(self, path: Path, width: int) -> dict:
+        if self.browser is None:
+            from playwright.sync_api import sync_playwright
+
+            executable = chromium_path()
+            self.playwright = sync_playwright().start()
+            self.browser = self.playwright.chromium.launch(
+                executable_path=executable, args=["--no-sandbox"], headless=True
+            )
+        context = self.browser.new_context(viewport={"width": width, "height": 900})
+        try:
+            return read_page(context, path)
+        finally:
+            context.close()
+
+    def close(self) -> None:
+        def stop():
+            if self.browser is not None:
+                self.browser.close()
+                self.playwright.stop()
+
+        self.pool.submit(stop).result(timeout=120)
+        self.pool.shutdown()
+
+
+_CHROMIUM: list[Chromium] = []
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_browser():
+    yield
+    while _CHROMIUM:
+        _CHROMIUM.pop().close()
+
+
 def open_in_chromium(path: Path, width: int = 1280) -> dict:
     """Load the page; returns console messages, page errors, marks per figure and stats."""
-    # Playwright's sync API refuses a thread whose asyncio loop runs (pytest-twisted's).
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(read_page, path, width).result(timeout=300)
+    if not _CHROMIUM:
+        _CHROMIUM.append(Chromium())
+    return _CHROMIUM[0].read(path, width)
 
 
-def read_page(path: Path, width: int = 1280) -> dict:
-    from playwright.sync_api import sync_playwright
-
-    executable = chromium_path()
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path=executable, args=["--no-sandbox"], headless=True
-        )
-        try:
-            page = browser.new_page(viewport={"width": width, "height": 900})
-            console: list[str] = []
-            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
-            page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
-            page.on("requestfailed", lambda r: console.append(f"requestfailed: {r.url}"))
-            page.goto(path.resolve().as_uri(), wait_until="load")
-            figures = page.eval_on_selector_all("figure.plot", "fs => fs.map(f => f.id)")
-            names = [f.removeprefix("plot-") for f in figures]
-            marks = {name: page.evaluate(MARKS_JS, name) for name in names}
-            return {
-                "overflow": page.evaluate(OVERFLOW_JS),
-                "titles": page.evaluate(TITLES_JS),
-                "console": console,
-                "figures": figures,
-                "marks": marks,
-                "stats": page.evaluate(STATS_JS),
-                "empty": page.locator("#empty").count(),
-                "settings": page.eval_on_selector_all(
-                    "[data-setting]",
-                    "es => Object.fromEntries(es.map(e => [e.dataset.setting, e.textContent]))",
-                ),
-            }
-        finally:
-            browser.close()
+def read_page(context, path: Path) -> dict:
+    page = context.new_page()
+    console: list[str] = []
+    page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.on("requestfailed", lambda r: console.append(f"requestfailed: {r.url}"))
+    page.goto(path.resolve().as_uri(), wait_until="load")
+    figures = page.eval_on_selector_all("figure.plot", "fs => fs.map(f => f.id)")
+    names = [f.removeprefix("plot-") for f in figures]
+    marks = {name: page.evaluate(MARKS_JS, name) for name in names}
+    return {
+        "overflow": page.evaluate(OVERFLOW_JS),
+        "titles": page.evaluate(TITLES_JS),
+        "console": console,
+        "figures": figures,
+        "marks": marks,
+        "stats": page.evaluate(STATS_JS),
+        "empty": page.locator("#empty").count(),
+        "settings": page.eval_on_selector_all(
+            "[data-setting]",
+            "es => Object.fromEntries(es.map(e => [e.dataset.setting, e.textContent]))",
+        ),
+    }
 
 
 # --- what the test counts itself -------------------------------------------------------------
