@@ -113,9 +113,9 @@ def export_table(
         decls = [r[2] for r in info]
         if fmt == "parquet":
             decls = _fitting_types(conn, table, cols, decls, warn or logger.warning)
-        cur = conn.execute(
-            f"SELECT {', '.join(map(quote, cols))} FROM {quote(table)} ORDER BY _key, _seq"
-        )
+        # Text formats: SQLite writes a BLOB's hex, no Python work per value.
+        select = map(quote, cols) if fmt == "parquet" else map(_hex_blob, cols)
+        cur = conn.execute(f"SELECT {', '.join(select)} FROM {quote(table)} ORDER BY _key, _seq")
         try:
             n = _WRITERS[fmt](cur, cols, decls, tmp)
         except BaseException:
@@ -123,6 +123,12 @@ def export_table(
             raise
     os.replace(tmp, output)
     return n
+
+
+def _hex_blob(column: str) -> str:
+    """``column`` as the text formats write it: a BLOB as lowercase hex (text_value)."""
+    col = quote(column)
+    return f"CASE typeof({col}) WHEN 'blob' THEN lower(hex({col})) ELSE {col} END"
 
 
 def _batches(cur) -> Iterator[list[tuple]]:
@@ -136,7 +142,7 @@ def _csv(cur, cols, decls, tmp) -> int:
         writer = csv.writer(f)
         writer.writerow(cols)
         for rows in _batches(cur):
-            writer.writerows([[text_value(v) for v in row] for row in rows])
+            writer.writerows(rows)
             n += len(rows)
     return n
 
@@ -146,8 +152,7 @@ def _jsonl(cur, cols, decls, tmp) -> int:
     with open(tmp, "w", encoding="utf-8") as f:
         for rows in _batches(cur):
             for row in rows:
-                values = [v.hex() if isinstance(v, bytes) else v for v in row]
-                f.write(json_text(dict(zip(cols, values, strict=True))) + "\n")
+                f.write(json_text(dict(zip(cols, row, strict=True))) + "\n")
             n += len(rows)
     return n
 
