@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterator
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
@@ -15,6 +16,8 @@ from crawler.hub.admin import JobAdmin
 from crawler.hub.db import hub_url
 from crawler.hub.jobchecks import JobSettingError, check_settings
 from crawler.hub.jobs import parse_assignments
+from crawler.spiderkit.start import bad_line, checked_lines
+from crawler.spiderkit.urls import UrlList
 
 ACTIONS = ("create", "set", "list", "show")
 
@@ -77,11 +80,19 @@ class Command(ScrapyCommand):
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
             return
+        urls = None
+        if action == "create" and opts.urls:
+            try:
+                urls = fetchable_urls(UrlList(opts.urls))
+            except UsageError as exc:  # an unreadable list: before the job is created
+                print(f"error: {exc}", file=sys.stderr)
+                self.exitcode = 1
+                return
         try:
             with Hub.open(hub_url(self.settings, required=True)) as hub:
                 admin = JobAdmin(hub)
                 if action == "create":
-                    print(admin.create(rest[0], opts.spider, given, opts.urls))
+                    print(admin.create(rest[0], opts.spider, given, urls))
                 elif action == "set":
                     print(admin.set(rest[0], given))
                 elif action == "list":
@@ -91,3 +102,13 @@ class Command(ScrapyCommand):
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
+
+
+def fetchable_urls(urls: UrlList) -> Iterator[str]:
+    """The lines of ``urls`` a crawl would fetch; the others said on standard error, as
+    the crawl says them, and left out of the queue."""
+    for number, text, problem in checked_lines(urls):
+        if problem:
+            print(f"Skipped line {bad_line(urls, number, text, problem)}", file=sys.stderr)
+        else:
+            yield text

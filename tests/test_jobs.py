@@ -120,3 +120,32 @@ def test_a_running_crawl_follows_its_jobs_settings(site, tmp_path, data_dir):
     assert banned, "the new ban marker ended leases"
     assert min(banned) > applied, "no ban before the marker was set"
     assert "'job/settings_applied': 2" in log
+
+
+def test_job_create_checks_its_url_list_as_a_crawl_does(tmp_path, hub_url):  # noqa: F811
+    from crawler.hub import WorkQueue
+
+    lines = [
+        "http://example.org/1",
+        "ftp://example.org/2",
+        "# a comment",
+        "",
+        "http://example.org/3",
+        "example.org/4",
+        "http://exa mple.org/5",
+    ]
+    urls = write_urls(tmp_path / "urls.txt", lines)
+    created = scrapy_with_hub(
+        "job", "create", "news", "--spider", "site", "--urls", str(urls), hub=hub_url
+    )
+    assert created.returncode == 0, created.stderr
+    assert "2 URLs added" in created.stdout, created.stdout
+    # The crawl's own words for each bad line, with its file and line number.
+    for number, problem in [
+        (2, "not an absolute http(s) URL"),
+        (6, "not an absolute http(s) URL"),
+        (7, "contains white space"),
+    ]:
+        assert f"{urls}:{number}: {problem}: {lines[number - 1]!r}" in created.stderr
+    with Hub.open(hub_url) as hub:
+        assert WorkQueue(hub, "news", create=False).progress().total == 2

@@ -200,9 +200,13 @@ class QueueAdmin:
     def load(self, name: str, path: str) -> str:
         """Add the list at *path* to queue *name* (created if new); what it did, and the
         queue's progress."""
-        queue = WorkQueue(self.hub, name)
         with open_url_list(path) as stream:
-            added, present = queue.load(list_lines(stream))
+            return self.load_lines(name, list_lines(stream))
+
+    def load_lines(self, name: str, urls: Iterable[str]) -> str:
+        """Add *urls* to queue *name* (created if new); what it did, and its progress."""
+        queue = WorkQueue(self.hub, name)
+        added, present = queue.load(urls)
         return (
             f"queue {name!r} in {self.hub.label}: {added:,} URLs added, {present:,} already there\n"
             f"queue {name!r}: {queue.progress().line()}"
@@ -245,12 +249,13 @@ class JobAdmin:
         self.store = JobStore(hub)
 
     def create(
-        self, name: str, spider: str, settings: dict[str, str], urls: str | None = None
+        self, name: str, spider: str, settings: dict[str, str], urls: Iterable[str] | None = None
     ) -> str:
-        job = self.store.create(name, spider, settings, queue=name if urls else "")
+        """Create job *name*; *urls*, the URLs of its work queue (checked already)."""
+        job = self.store.create(name, spider, settings, queue=name if urls is not None else "")
         lines = [f"job {name!r} created in {self.hub.label}: spider {spider!r}"]
-        if urls:
-            lines.append(QueueAdmin(self.hub).load(job.queue, urls))
+        if urls is not None:
+            lines.append(QueueAdmin(self.hub).load_lines(job.queue, urls))
         return "\n".join(lines + [_settings_line(job)])
 
     def set(self, name: str, settings: dict[str, str]) -> str:

@@ -154,8 +154,23 @@ def _next_keyed(
     return listed, bad
 
 
+def checked_lines(urls: UrlList) -> Iterator[tuple[int, str, str | None]]:
+    """The entries of ``urls`` as a crawl checks them: ``(line number, text, problem)``,
+    ``problem`` None for a URL a crawl fetches (``scrapy job create`` loads only those)."""
+    for entries in urls.batches(BATCH):
+        for number, text, problem in entries:
+            if problem is None:
+                problem = listed_key(text)[2]
+            yield number, text, problem
+
+
+def bad_line(urls: UrlList, number: int, text: str, problem: str) -> str:
+    """What is said of a bad line: its file and number, why, and the line."""
+    return f"{urls.name}:{number}: {problem}: {text[:200]!r}"
+
+
 def _bad_line(spider, urls: UrlList, number: int, text: str, problem: str) -> None:
-    message = f"{urls.name}:{number}: {problem}: {text[:200]!r}"
+    message = bad_line(urls, number, text, problem)
     logger.warning("Skipped line %s", message)
     crawler = spider.crawler
     crawler.stats.inc_value(f"{spider.name}/bad_lines")
