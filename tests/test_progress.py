@@ -59,7 +59,7 @@ async def test_progress_lines_count_the_list_hits_errors_and_retries(site, tmp_p
 
 @pytest.mark.parametrize(
     "archive_format",
-    ["warc", "zip"],
+    ["warc", "zip", "sqlite"],
 )
 @deferred_f_from_coro_f
 async def test_the_end_summary_says_what_this_run_stored_and_what_the_catalog_holds(
@@ -89,7 +89,7 @@ async def test_the_end_summary_says_what_this_run_stored_and_what_the_catalog_ho
     statuses = ", ".join(f"{s}: {n}" for s, n in by_status)
     assert (rows, statuses) == (5, "200: 4, 404: 1")
     assert f"Catalog {db}: {rows} rows ({statuses}), {total:,} bytes of bodies." in log
-    suffix = {"warc": ".warc.gz", "zip": ".zip"}[archive_format]
+    suffix = {"warc": ".warc.gz", "zip": ".zip", "sqlite": ".sqlite"}[archive_format]
     archives = sorted((data_dir / "archive").glob(f"*{suffix}"))
     size = sum(p.stat().st_size for p in archives)
     assert len(archives) == 2  # one per run
