@@ -48,7 +48,8 @@ Run a spider: fetch, store in DATA_DIR, skip what is stored. Run it again to
 resume.
 
 Arguments of the `site` spider (-a NAME=VALUE):
-- urls=FILE: the URL list, one URL a line (- reads standard input); required
+- urls=FILE: the URL list, one URL a line (- reads standard input); without it,
+  -s JOB=NAME crawls the job's work queue
 - depth=N: follow links N levels from the listed pages (default 0)
 - summaries=1: yield page summaries at crawl time, into the page_summary table
 - revalidate=1: fetch stored pages again, conditionally (304: unchanged)

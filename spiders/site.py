@@ -2,6 +2,7 @@
 
     scrapy crawl site -a urls=urls.txt [-a depth=N] [-a revalidate=1] [-a render=1]
                                        [-a summaries=1]
+    scrapy crawl site -s JOB=NAME      (the URLs of the job's work queue)
 
 ``-a render=1`` renders every page in a browser (middlewares/render.py).
 
@@ -17,15 +18,20 @@ response and skip what is stored, for any spider of the project.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import scrapy
+from scrapy import signals
 from scrapy.exceptions import UsageError
 from scrapy.http import HtmlResponse, TextResponse
+from twisted.internet import task
 from twisted.internet.threads import deferToThread
 
+from crawler.hub.db import hub_url
 from crawler.spiderkit.domains import registered_domain
+from crawler.spiderkit.jobqueue import JobQueueUrls
 from crawler.spiderkit.parsers import hrefs, page_summary
 from crawler.spiderkit.start import BATCH as START_BATCH
 from crawler.spiderkit.start import listed_requests
@@ -66,10 +72,6 @@ class SiteSpider(scrapy.Spider):
         # -a shard=I/N: only the listed URLs whose key falls in shard I of N (followed
         # links are not sharded).
         self.shard = parse_shard(shard)
-        if not urls:
-            raise UsageError(
-                "give the URL list: -a urls=PATH (one URL per line; - reads standard input)"
-            )
         try:
             self.depth = int(depth)
         except ValueError:
@@ -79,7 +81,8 @@ class SiteSpider(scrapy.Spider):
         self.revalidate = _flag(revalidate)
         # None: decided in from_crawler (on when re-parsing, off when crawling).
         self.summaries: bool | None = None if summaries is None else _flag(summaries)
-        self.url_list = UrlList(urls)
+        # None: the work queue of the crawl's job (-s JOB=NAME), taken in from_crawler.
+        self.url_list: UrlList | JobQueueUrls | None = UrlList(urls) if urls else None
         self.domains: set[str] = set()
         # Smallest depth each followed URL was met at (depth crawls only): concurrent
         # downloads can meet a page deeper first, and its links must still be followed
@@ -89,6 +92,8 @@ class SiteSpider(scrapy.Spider):
     @classmethod
     def from_crawler(cls, crawler, *args, **kwargs):
         spider = super().from_crawler(crawler, *args, **kwargs)
+        if spider.url_list is None:
+            spider.url_list = spider._job_queue(crawler)
         if spider.summaries is None:
             spider.summaries = crawler.settings.getbool("REPARSING")
         if type(spider) is SiteSpider and not spider.summaries and not crawler.settings.frozen:
@@ -99,8 +104,32 @@ class SiteSpider(scrapy.Spider):
             crawler.settings.set("CATALOG_ITEMS_ENABLED", False, priority="spider")
         return spider
 
+    def _job_queue(self, crawler) -> JobQueueUrls:
+        job = crawler.settings.get("JOB") or os.environ.get("HUB_JOB")
+        if not job:
+            raise UsageError(
+                "give the URL list: -a urls=PATH (one URL per line; - reads standard "
+                "input), or -s JOB=NAME to crawl a job's work queue"
+            )
+        queue = JobQueueUrls(hub_url(crawler.settings, required=True), job)
+        renewing = task.LoopingCall(queue.renew)
+
+        def opened() -> None:
+            renewing.start(queue.ttl / 3, now=False)
+
+        def closed(reason: str) -> None:
+            if renewing.running:
+                renewing.stop()
+            queue.finish(reason == "finished")
+
+        crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
+        crawler.signals.connect(closed, signal=signals.spider_closed, weak=False)
+        return queue
+
     async def start(self):
-        if self.url_list.path != "-":
+        if isinstance(self.url_list, JobQueueUrls):
+            self.crawler.stats.set_value("progress/list_total", self.url_list.pending())
+        elif self.url_list.path != "-":
             deferToThread(self.url_list.count).addCallback(
                 lambda n: self.crawler.stats.set_value("progress/list_total", n)
             )

@@ -149,3 +149,23 @@ def test_job_create_checks_its_url_list_as_a_crawl_does(tmp_path, hub_url):  # n
         assert f"{urls}:{number}: {problem}: {lines[number - 1]!r}" in created.stderr
     with Hub.open(hub_url) as hub:
         assert WorkQueue(hub, "news", create=False).progress().total == 2
+
+
+def test_a_crawl_of_a_job_without_a_list_takes_the_jobs_queue(site, tmp_path, hub_url):  # noqa: F811
+    from tests.checks import rows_by_url
+
+    listed = [f"{site.base_url}/page/{n}.html" for n in range(200, 206)]
+    urls = write_urls(tmp_path / "urls.txt", listed)
+    created = scrapy_with_hub(
+        "job", "create", "news", "--spider", "site", "--urls", str(urls), hub=hub_url
+    )
+    assert created.returncode == 0, created.stderr
+    data_dir = tmp_path / "data"
+    crawl = scrapy_with_hub(
+        "crawl", "site", "-s", "JOB=news", "-s", f"DATA_DIR={data_dir}",
+        "-s", "AUTOTHROTTLE_ENABLED=0", hub=hub_url,
+    )  # fmt: skip
+    assert crawl.returncode == 0, crawl.stderr
+    assert set(rows_by_url(data_dir)) == set(listed)
+    shown = scrapy_with_hub("job", "show", "news", hub=hub_url)
+    assert "done 6/6" in shown.stdout, shown.stdout
