@@ -117,13 +117,17 @@ class SiteSpider(scrapy.Spider):
         def opened() -> None:
             renewing.start(queue.ttl / 3, now=False)
 
-        def closed(reason: str) -> None:
+        def stopped() -> None:
+            # Once the storage has drained and committed: a batch is done only when
+            # the crawl finished and stored it (what `scrapy crawl` exits 0 for).
             if renewing.running:
                 renewing.stop()
-            queue.finish(reason == "finished")
+            stats = crawler.stats
+            ok = stats.get_value("finish_reason") == "finished"
+            queue.finish(ok and not stats.get_value("archive/error"))
 
         crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
-        crawler.signals.connect(closed, signal=signals.spider_closed, weak=False)
+        crawler.signals.connect(stopped, signal=signals.engine_stopped, weak=False)
         return queue
 
     async def start(self):

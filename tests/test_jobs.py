@@ -161,10 +161,14 @@ def test_a_crawl_of_a_job_without_a_list_takes_the_jobs_queue(site, tmp_path, hu
     )
     assert created.returncode == 0, created.stderr
     data_dir = tmp_path / "data"
-    crawl = scrapy_with_hub(
-        "crawl", "site", "-s", "JOB=news", "-s", f"DATA_DIR={data_dir}",
-        "-s", "AUTOTHROTTLE_ENABLED=0", hub=hub_url,
-    )  # fmt: skip
+    crawl_job = ("crawl", "site", "-s", "JOB=news", "-s", f"DATA_DIR={data_dir}",
+                 "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS=1")  # fmt: skip
+    # Stopped early: its batch goes back to the queue, for the next crawl.
+    stopped = scrapy_with_hub(*crawl_job, "-s", "CLOSESPIDER_PAGECOUNT=2", hub=hub_url)
+    assert stopped.returncode == 75, stopped.stderr
+    shown = scrapy_with_hub("job", "show", "news", hub=hub_url)
+    assert "done 0/6" in shown.stdout, shown.stdout
+    crawl = scrapy_with_hub(*crawl_job, hub=hub_url)
     assert crawl.returncode == 0, crawl.stderr
     assert set(rows_by_url(data_dir)) == set(listed)
     shown = scrapy_with_hub("job", "show", "news", hub=hub_url)
