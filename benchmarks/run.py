@@ -15,6 +15,10 @@ SECTIONS = [
         "Resume: a warm re-run of a 1,000,000-URL list, all stored (builds it once: ~5 min)",
         "benchmarks.bench_resume",
     ),
+    (
+        "Revalidation of 500 stored pages (304s) against a bare spider (200s)",
+        "benchmarks.bench_revalidate",
+    ),
     ("Duplicate filter: Scrapy's against the project's", "benchmarks.bench_dupefilter"),
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),

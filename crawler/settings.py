@@ -149,6 +149,9 @@ EXTENSIONS = {
     "extensions.timer_sweep.TimerSweepExtension": 500,
     "extensions.job_settings.JobSettingsExtension": 500,
     "extensions.callback_cache.CallbackCacheExtension": 500,
+    # AutoThrottle with 304s lowering the delay as 200s do (revalidating crawls).
+    "scrapy.extensions.throttle.AutoThrottle": None,
+    "extensions.throttle.RevalidationThrottle": 0,
 }
 # Seconds between firings of a Twisted timer that lets the reactor drop the timers
 # downloads cancel (extensions/timer_sweep.py); 0: off.
