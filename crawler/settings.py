@@ -137,6 +137,9 @@ SPIDER_MIDDLEWARES = {
 # Every item goes to a table of the catalog database, committed with its page's row
 # (pipelines/catalog.py; docs/how-to/item-tables.md). Keep it last.
 CATALOG_ITEMS_ENABLED = True
+# A stored page this spider has no items for is parsed from the archive, never
+# fetched (with -o: every stored page is, so the feed holds every page's items).
+CATALOG_ITEMS_PARSE_STORED = True
 ITEM_PIPELINES = {
     "pipelines.catalog.CatalogPipeline": 1000,
 }

@@ -9,6 +9,11 @@ touches nothing: no catalog, no archive, no stats.
 Request meta keys: ``catalog_replay`` (answer a stored request from the archive: a
 depth crawl needs the links of stored pages) and ``catalog_revalidate`` (or the
 spider attribute ``revalidate``: send it with the stored validators).
+
+A spider that yields items gets them for every page of its list: a stored page this
+spider has no items for is replayed and parsed, never fetched
+(``CATALOG_ITEMS_PARSE_STORED``); with a feed (``-o``) every stored page is, so that
+the feed of a resumed crawl holds the items of every page.
 """
 
 from __future__ import annotations
@@ -29,26 +34,45 @@ class Decision(Enum):
 
 class ArchivePolicy:
     """Stored requests are skipped unless their meta asks for a replay or a
-    revalidation; final answers (``CATALOG_STORE_STATUSES``) are stored."""
+    revalidation, or the spider's items of the page are wanted; final answers
+    (``CATALOG_STORE_STATUSES``) are stored."""
 
-    def __init__(self, store_statuses: frozenset[int]):
+    def __init__(
+        self, store_statuses: frozenset[int], parse_stored: bool = False, feeds: bool = False
+    ):
         self.store_statuses = store_statuses
+        # Stored pages without this spider's items are parsed (with a feed: all of them).
+        self.parse_stored = parse_stored
+        self.parse_all = parse_stored and feeds
         self.revalidate = False
+
+    @classmethod
+    def from_crawler(cls, crawler, store_statuses: frozenset[int]) -> ArchivePolicy:
+        settings = crawler.settings
+        parse_stored = settings.getbool("CATALOG_ITEMS_ENABLED") and settings.getbool(
+            "CATALOG_ITEMS_PARSE_STORED", True
+        )
+        return cls(store_statuses, parse_stored, bool(settings.getdict("FEEDS")))
 
     def spider_opened(self, spider) -> None:
         self.revalidate = bool(getattr(spider, "revalidate", False))
 
-    def when_stored(self, meta: dict, row: Row | None = None) -> Decision:
+    def when_stored(self, meta: dict, row: Row | None = None, parsed: bool = True) -> Decision:
         """The decision for a request whose key is stored: the one place that says a
         stored URL is skipped. ``row`` is None when a batch lookup only said that the
-        key is present (the request then meets its row in the middleware)."""
+        key is present (the request then meets its row in the middleware); ``parsed``
+        says whether the spider's items of the page are stored."""
         if meta.get("catalog_revalidate", self.revalidate):
             if row is not None and not (row.etag or row.last_modified):
                 return Decision.FETCH  # no validators: fetched again
             return Decision.REVALIDATE
-        if meta.get("catalog_replay"):
+        if meta.get("catalog_replay") or self.wants_items(parsed):
             return Decision.REPLAY
         return Decision.SKIP
+
+    def wants_items(self, parsed: bool) -> bool:
+        """Whether a stored page is parsed for the spider's items."""
+        return self.parse_all or (self.parse_stored and not parsed)
 
     def validators(self, row: Row) -> dict[str, str]:
         """The conditional headers that revalidate ``row``."""

@@ -39,6 +39,7 @@ from crawler.reparse.responses import build_response
 from crawler.runsettings import crawl_settings
 from crawler.storage.actionlog import OUTCOMES, Outcome
 from crawler.storage.errors import CatalogError, SettingError, StoreError
+from crawler.storage.items import parsed_keys
 from crawler.storage.keys import request_key
 from crawler.storage.records import Fetch, Row
 from crawler.storage.session import SessionConfig, StorageSession
@@ -115,6 +116,7 @@ class StorageExtension:
         self._failed = False
         self._log_failed = False
         self.storing = False  # the writer has opened the store
+        self.spider_name = ""
 
     @classmethod
     def from_crawler(cls, crawler) -> StorageExtension:
@@ -142,6 +144,7 @@ class StorageExtension:
 
     def spider_opened(self, spider) -> None:
         self.policy.spider_opened(spider)
+        self.spider_name = spider.name
         self.start_writer()
         datadir = self.session.datadir
         try:
@@ -177,6 +180,9 @@ class StorageExtension:
         if self.session.recovery is None:
             return  # it never opened: its error said it all
         logger.info("%s", self.outcomes())
+        parsed = self.stats.get_value("items/stored_pages_parsed")
+        if parsed:
+            logger.info("Parsed %d stored pages from the archive for their items", parsed)
         if summary:
             self.stats.set_value("catalog/rows_committed", summary["rows_committed"])
             # What storing cost besides the crawl's own process (benchmarks read it).
@@ -289,6 +295,7 @@ class StorageExtension:
         if not unchecked:
             return requests
         present = self.session.present([catalog_key(r) for r in unchecked])
+        parsed = self.parsed(present)
         out = []
         hits = []
         for request in requests:
@@ -299,7 +306,7 @@ class StorageExtension:
             key = meta["catalog_key"]
             cached = key in present
             looked_up(request, cached)
-            if cached and self.policy.when_stored(meta) is Decision.SKIP:
+            if cached and self.policy.when_stored(meta, parsed=key in parsed) is Decision.SKIP:
                 # The hot path of a resumed crawl: logged and counted once per batch.
                 hits.append((meta.get("catalog_url", request.url), key))
             else:
@@ -307,18 +314,37 @@ class StorageExtension:
         self._cache_hits(hits)
         return out
 
-    def skip_stored(self, listed: list[tuple[str, str]]) -> set[str] | None:
+    def skip_stored(self, listed: list[tuple[str, str]]) -> tuple[set[str], set[str]] | None:
         """Of a batch of listed ``(url, key)`` (the URL and key of the GET request a
-        spider would build), the keys that are stored: logged as cache hits and
-        counted here, so that no request is built for them. None when nothing may be
-        skipped here (no catalog open, or the policy does not skip a plain request):
-        build them all."""
+        spider would build), the keys that are stored, as ``(skipped, kept)``: the
+        skipped ones are logged as cache hits and counted here, so that no request is
+        built for them; the kept ones are stored pages the policy replays. None when
+        nothing may be skipped here (no catalog open, or the policy does not skip a
+        plain request): build them all."""
         if self.session.catalog is None or self.policy.when_stored({}) is not Decision.SKIP:
             return None
         present = self.session.present([key for _, key in listed])
-        if present:
-            self._cache_hits([(url, key) for url, key in listed if key in present])
-        return present
+        parsed = self.parsed(present)
+        kept = {
+            key
+            for key in present
+            if self.policy.when_stored({}, parsed=key in parsed) is not Decision.SKIP
+        }
+        skipped = present - kept
+        if skipped:
+            self._cache_hits([(url, key) for url, key in listed if key in skipped])
+        return skipped, kept
+
+    def parsed(self, keys: set[str] | list[str]) -> set[str]:
+        """The ones among stored ``keys`` whose items of this spider are stored; all of
+        them when the policy does not parse stored pages (nothing to ask)."""
+        if not keys or not self.policy.parse_stored:
+            return set(keys)
+        return parsed_keys(self.session.catalog.conn, self.spider_name, list(keys))
+
+    def parsing_stored(self) -> None:
+        """A stored page replayed for this spider's items."""
+        self._inc("items/stored_pages_parsed")
 
     def cache_hit(self, request: Request) -> None:
         """A stored request skipped or replayed: logged and counted."""

@@ -78,7 +78,11 @@ class ArchiveMiddleware:
     def _answer(self, request: Request, key: str, row: Row | None) -> Response | None:
         meta = request.meta
         looked_up(request, row is not None)
-        decision = Decision.FETCH if row is None else self.policy.when_stored(meta, row)
+        if row is None:
+            decision = Decision.FETCH
+        else:
+            parsed = key in self.storage.parsed([key])
+            decision = self.policy.when_stored(meta, row, parsed)
         if decision is Decision.SKIP:
             self.storage.cache_hit(request)
             raise CachedRequest(f"already stored: {request.url}")
@@ -91,6 +95,8 @@ class ArchiveMiddleware:
             response = self.storage.replay(request, row)
             if response is not None:
                 self.storage.cache_hit(request)
+                if self.policy.wants_items(parsed):
+                    self.storage.parsing_stored()
                 return response
         self.storage.fetching(key)
         return None

@@ -76,7 +76,9 @@ def test_archive_middleware_stores_final_answers_and_logs_the_rest(data_dir):
 
 
 def test_archive_middleware_drops_or_replays_what_is_stored(stored):
-    mw, spider = archive_middleware(stored.root)
+    # Items or not, the spider of a crawl that parses stored pages gets them replayed
+    # (tests/test_items_stored.py): here they are skipped.
+    mw, spider = archive_middleware(stored.root, CATALOG_ITEMS_PARSE_STORED=False)
     url = "http://example.org/page/1"
     with pytest.raises(CachedRequest):
         mw.process_request(Request(url))
@@ -232,7 +234,9 @@ async def test_resume_drops_stored_start_requests_before_the_scheduler(site, dat
         store.put(listed_fetch(0, url))
     store.close()
     site.reset_counts()
-    crawler = get_crawler(ListSpider, project_settings(data_dir))
+    # Stored pages this spider has no items for would be parsed from the archive.
+    settings = project_settings(data_dir, CATALOG_ITEMS_PARSE_STORED=False)
+    crawler = get_crawler(ListSpider, settings)
     await crawler.crawl_async(urls=urls)
     assert sorted(crawler.spider.parsed) == sorted(urls[6:])
     assert all(site.counts[f"/page/{n}.html"] == 0 for n in range(40, 46))
@@ -270,6 +274,12 @@ def test_archive_policy_decides_what_becomes_of_a_stored_request():
     policy = ArchivePolicy(frozenset({200, 404}))
     assert policy.when_stored({}) is Decision.SKIP
     assert policy.when_stored({"catalog_replay": True}) is Decision.REPLAY
+    assert policy.when_stored({}, parsed=False) is Decision.SKIP  # not parsing stored pages
+    items = ArchivePolicy(frozenset({200}), parse_stored=True)
+    assert items.when_stored({}, parsed=False) is Decision.REPLAY  # the spider's items wanted
+    assert items.when_stored({}, parsed=True) is Decision.SKIP
+    feed = ArchivePolicy(frozenset({200}), parse_stored=True, feeds=True)
+    assert feed.when_stored({}, parsed=True) is Decision.REPLAY  # -o: every page's items
     revalidate = {"catalog_revalidate": True}
     assert policy.when_stored(revalidate) is Decision.REVALIDATE
     row = Row("k", "u", "u", 200, None, 1, None, None, "t", "a", 0, 1, None)
@@ -291,7 +301,7 @@ class ReplayEverything:
     def __getattr__(self, name):
         return getattr(self.base, name)
 
-    def when_stored(self, meta, row=None):
+    def when_stored(self, meta, row=None, parsed=True):
         from extensions.archive_policy import Decision
 
         return Decision.REPLAY

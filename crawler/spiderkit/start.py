@@ -111,8 +111,9 @@ async def listed_requests(
         for number, text, problem in bad:
             _bad_line(spider, urls, number, text, problem)
         stored = archive.skip_stored(listed) if archive is not None and listed else None
+        skipped, kept = stored if stored is not None else ((), ())
         for url, key in listed:
-            if stored is not None and key in stored:
+            if key in skipped:
                 continue
             request = make(url)
             meta = request.meta
@@ -125,8 +126,9 @@ async def listed_requests(
             meta["catalog_key"] = key
             meta["catalog_url"] = request.url
             if checked:
-                # Looked up with its batch: the middlewares need not ask again.
-                looked_up(request, False)
+                # Looked up with its batch: the middlewares need not ask again (a
+                # stored one meets its row there, to be replayed).
+                looked_up(request, key in kept)
             yield request
 
 
