@@ -132,7 +132,10 @@ class Command(ScrapyCommand):
             raise UsageError("--limit takes a number of 0 or more", print_help=False)
         datadir = DataDir.from_settings(self.settings)
         writes = not (opts.output or opts.items_db)
-        if problem := datadir.unusable(write=writes):
+        # --follow may start before the crawl that makes the directory and its catalog
+        # (or before a Slurm task's first shipment): it waits for them.
+        waits = opts.follow and not datadir.root.exists()
+        if not waits and (problem := datadir.unusable(write=writes, need_catalog=not opts.follow)):
             print(f"error: {problem}", file=sys.stderr)
             self.exitcode = 2  # nothing started: a usage problem (docs: exit statuses)
             return
