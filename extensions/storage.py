@@ -117,6 +117,10 @@ class StorageExtension:
         self._log_failed = False
         self.storing = False  # the writer has opened the store
         self.spider_name = ""
+        # Keys with a final line in this run's action log (as hashes: a resumed list
+        # of millions adds one each), so that a URL met again is counted as a
+        # duplicate (``catalog/duplicates``) instead of logged a second time.
+        self._finished: set[int] = set()
 
     @classmethod
     def from_crawler(cls, crawler) -> StorageExtension:
@@ -124,6 +128,7 @@ class StorageExtension:
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
         crawler.signals.connect(ext._on_action_signal, signal=crawler_signals.action)
+        crawler.signals.connect(ext.request_dropped, signal=signals.request_dropped)
         return ext
 
     @classmethod
@@ -202,7 +207,8 @@ class StorageExtension:
             )
         total = get("progress/list_total")
         done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
-        return f"Outcomes of this run: {counts}; listed URLs done: {done}."
+        duplicates = f"{get('catalog/duplicates', 0):,} duplicates (URLs met again)"
+        return f"Outcomes of this run: {counts}; {duplicates}; listed URLs done: {done}."
 
     def _fail(self, message: str) -> None:
         """Log a storage failure once; the crawl stops and exits 1 (``archive/error``)."""
@@ -224,6 +230,8 @@ class StorageExtension:
         self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
     ) -> None:
         """One line of the action log, counted (``actions/<outcome>``)."""
+        if key is not None and outcome != Outcome.RETRY and outcome != Outcome.ITEM_ERROR:
+            self._finished.add(hash(key))
         self._count(outcome, depth)
         log = self.session.log
         if log is not None:
@@ -238,9 +246,40 @@ class StorageExtension:
         """``(url, key)`` of stored requests skipped: logged in one write, counted."""
         if not hits:
             return
+        listed = len(hits)
+        hits = [hit for hit in hits if self.first_sight(hit[1])]
+        self._inc("progress/list_done", listed)
+        if len(hits) < listed:
+            self._inc("catalog/duplicates", listed - len(hits))
+        if not hits:
+            return
         self._append(self.session.log.write_cache_hits, hits)
-        for name in ("catalog/cache_hits", "actions/cache_hit", "progress/list_done"):
+        for name in ("catalog/cache_hits", "actions/cache_hit"):
             self._inc(name, len(hits))
+
+    def first_sight(self, key: str) -> bool:
+        """Whether ``key`` has no final line in this run's log yet; it has one now."""
+        hashed = hash(key)
+        if hashed in self._finished:
+            return False
+        self._finished.add(hashed)
+        return True
+
+    def seen(self, key: str) -> bool:
+        """Whether ``key`` has its final line in this run's log."""
+        return hash(key) in self._finished
+
+    def duplicate(self, request: Request) -> None:
+        """``request`` is for a key this run has logged already: counted, not logged."""
+        crawler_signals.mark_final(request, Outcome.CACHE_HIT)
+        self._inc("catalog/duplicates")
+        if request.meta.get("depth", 0) == 0:
+            self._inc("progress/list_done")
+
+    def request_dropped(self, request: Request, spider=None) -> None:
+        # Dropped by the duplicate filter: a URL met again (a duplicate list line).
+        if "catalog_key" in request.meta:
+            self.duplicate(request)
 
     def _append(self, write, *args, **kwargs) -> None:
         """The one way to the action log: after a failure (a full disk would fail every
@@ -347,7 +386,10 @@ class StorageExtension:
         self._inc("items/stored_pages_parsed")
 
     def cache_hit(self, request: Request) -> None:
-        """A stored request skipped or replayed: logged and counted."""
+        """A stored request skipped or replayed: logged and counted (once a run)."""
+        if self.seen(catalog_key(request)):
+            self.duplicate(request)
+            return
         self._inc("catalog/cache_hits")
         self.record(request, Outcome.CACHE_HIT)
 
@@ -444,6 +486,7 @@ class StorageExtension:
             self._fail(str(exc))
             return
         crawler_signals.mark_final(request, Outcome.OK)
+        self._finished.add(hash(fetch.key))
         self._unsettled.stored(fetch.key)
         self._inc("archive/stored")
         self._inc("archive/stored_bytes", size)

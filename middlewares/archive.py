@@ -77,6 +77,10 @@ class ArchiveMiddleware:
 
     def _answer(self, request: Request, key: str, row: Row | None) -> Response | None:
         meta = request.meta
+        if row is None and self.storage.seen(key):
+            # Met again after this run gave up on it: its error line is its outcome.
+            self.storage.duplicate(request)
+            raise CachedRequest(f"met again: {request.url}")
         looked_up(request, row is not None)
         if row is None:
             decision = Decision.FETCH

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import gzip
 import re
+from collections import Counter
+
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from tests.checks import actions
 from tests.conftest import run_crawl, write_urls
+from tests.crawls import crawl_site
 from tests.rawserver import RawServer, response
 
 FINAL = {"ok", "cache_hit", "not_modified", "error"}
@@ -83,3 +87,47 @@ def test_ignored_statuses_are_not_log_noise(site, tmp_path, data_dir):
     assert re.search(r"'httperror/response_ignored_count': 2\b", result.stderr)
     lines = {a["url"]: a for a in actions(data_dir)}
     assert (lines[urls[0]]["outcome"], lines[urls[0]]["status"]) == ("ok", 404)
+
+
+def final_lines_per_key(data_dir, since: int = 0) -> Counter:
+    return Counter(e["key"] for e in actions(data_dir)[since:] if e["outcome"] in FINAL)
+
+
+def logged(data_dir) -> int:
+    return len(actions(data_dir)) if data_dir.exists() else 0
+
+
+@deferred_f_from_coro_f
+async def test_a_depth_crawl_logs_one_final_line_per_key_each_run(site, tmp_path, data_dir):
+    # Listed pages link to each other and to pages linked again from elsewhere, met
+    # in whatever order the downloads finish.
+    listed = [f"{site.base_url}/page/{n}.html" for n in range(200, 240)]
+    url_file = write_urls(tmp_path / "urls.txt", listed)
+    first = await crawl_site(url_file, data_dir, depth="2")
+    once = final_lines_per_key(data_dir)
+    assert len(once) > 50 and set(once.values()) == {1}, once.most_common(3)
+    # Pages met again are counted as such, not logged again.
+    assert first.stats.get_value("catalog/cache_hits", 0) == 0, first.stats.get_stats()
+    assert first.stats.get_value("catalog/duplicates", 0) > 0
+    before = logged(data_dir)
+    resumed = await crawl_site(url_file, data_dir, depth="2")
+    again = final_lines_per_key(data_dir, before)
+    assert set(again) == set(once) and set(again.values()) == {1}, again.most_common(3)
+    stored = [e for e in actions(data_dir)[:before] if e["outcome"] == "ok"]
+    assert resumed.stats.get_value("catalog/cache_hits") == len(stored)
+
+
+@deferred_f_from_coro_f
+async def test_duplicate_list_lines_are_counted_and_the_list_adds_up(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(210, 215)]
+    listed = [*urls, urls[1], urls[3], urls[1]]
+    url_file = write_urls(tmp_path / "urls.txt", listed)
+    for run in range(2):  # fetched, then all stored
+        before = logged(data_dir)
+        crawler = await crawl_site(url_file, data_dir)
+        stats = crawler.stats
+        lines = final_lines_per_key(data_dir, before)
+        assert len(lines) == len(urls) and set(lines.values()) == {1}, (run, lines)
+        assert stats.get_value("progress/list_total") == len(listed)
+        assert stats.get_value("progress/list_done") == len(listed), (run, stats.get_stats())
+        assert stats.get_value("catalog/duplicates") == 3, (run, stats.get_stats())
