@@ -268,7 +268,7 @@ def run(
     (work / "logs").mkdir(exist_ok=True)
     docs = work / "site"
     make_site(docs, pages)
-    linked = make_linked_site(docs, seeds, fanout)
+    linked = make_linked_site(docs, seeds, fanout) if seeds else 0
     nginx = Nginx(docs, work)
     base = nginx.start()
     load = os.getloadavg()
@@ -286,12 +286,13 @@ def run(
             lines += table(
                 f"(a) list crawl, {big:,} URLs, {rounds} rounds", big_runs, next(iter(big_runs))
             )
-        depth = depth_crawls(base, work, seeds, linked, rounds)
-        lines += table(
-            f"(b) depth 2 over a linked corpus: {seeds} seeds, {linked:,} pages reached by both",
-            depth,
-            next(iter(depth)),
-        )
+        if seeds:
+            depth = depth_crawls(base, work, seeds, linked, rounds)
+            lines += table(
+                f"(b) depth 2 over a linked corpus: {seeds} seeds, {linked:,} pages reached by both",
+                depth,
+                next(iter(depth)),
+            )
     finally:
         nginx.stop()
     one = reparse(data, work, 1, pages)
@@ -317,7 +318,9 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=5000)
     parser.add_argument("--big", type=int, default=50000, help="0: no big list")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seeds", type=int, default=20, help="linked corpus: start pages")
+    parser.add_argument(
+        "--seeds", type=int, default=20, help="linked corpus: start pages (0: no depth crawl)"
+    )
     parser.add_argument("--fanout", type=int, default=15, help="linked corpus: links per page")
     parser.add_argument("--workdir", type=Path, help="keep the corpus, data and logs here")
     args = parser.parse_args()
