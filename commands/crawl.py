@@ -55,6 +55,8 @@ Arguments of the `site` spider (-a NAME=VALUE):
 - revalidate=1: fetch stored pages again, conditionally (304: unchanged)
 - render=1: render every page in a browser (scrapy-playwright)
 - shard=I/N: only the listed URLs in shard I of N (Slurm array tasks)
+- partition=domain|host|url: what a shard takes whole (default CRAWL_PARTITION,
+  domain: one process fetches all of a site)
 
 Exit status:
 - 0: finished, its whole list handled

@@ -19,6 +19,11 @@ ROBOTSTXT_OBEY = True
 AUTOTHROTTLE_ENABLED = True
 AUTOTHROTTLE_START_DELAY = 1.0
 AUTOTHROTTLE_MAX_DELAY = 30.0
+# How a list is split between crawl processes (-a shard=, Slurm tasks, work queues):
+# "domain" (registered domain), "host" or "url". With "domain" or "host" one process
+# at a time fetches a site, so the limits above hold for the site, not per process
+# (crawler/spiderkit/partition.py).
+CRAWL_PARTITION = "domain"
 
 # Scrapy starts CONCURRENT_ITEMS tasks per response; one is plenty for the small
 # number of items a page yields, and it lifts a CPU-bound crawl by about half.

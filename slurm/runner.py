@@ -41,6 +41,7 @@ class TaskConfig:
     queue: str = ""  # queue mode: the hub's work queue to lease from
     batch: int = 1000  # URLs per lease
     lease_ttl: float = 300.0  # seconds
+    partition: str = ""  # shard mode: -a partition= of each crawl ("": CRAWL_PARTITION)
 
     def shard(self, k: int) -> str:
         return f"{self.task * self.procs + k}/{self.tasks * self.procs}"
@@ -49,6 +50,8 @@ class TaskConfig:
         seen = ",".join(DataDir(self.data).seen_patterns())
         if batch_file is None:
             work = ["-a", f"urls={self.urls}", "-a", f"shard={self.shard(k)}"]
+            if self.partition:
+                work += ["-a", f"partition={self.partition}"]
         else:
             work = ["-a", f"urls={batch_file}"]
         return [

@@ -1,9 +1,11 @@
 """One Slurm array task: crawl processes on node-local disk, shipped to shared storage.
 
     python -m slurm.task --urls URLS --data DATA --stage STAGE --task I --tasks N \\
-        [--procs P] [--spider site] [--name NAME] [--ship-every MINUTES] [-- scrapy args]
+        [--procs P] [--spider site] [--name NAME] [--ship-every MINUTES]
+        [--partition domain|host|url] [-- scrapy args]
 
-Crawl process k of task I crawls shard ``I*P+k`` of ``N*P`` (``-a shard=``) into
+Crawl process k of task I crawls shard ``I*P+k`` of ``N*P`` (``-a shard=``, split by
+``--partition``: ``-a partition=``, default the ``CRAWL_PARTITION`` setting) into
 ``STAGE/p<k>``, skipping what ``DATA/metadata.db`` and the shipped catalogs
 ``DATA/catalogs/*.db`` hold (``CATALOG_SEEN``), with archives rolling over every
 ``--ship-every`` minutes. Every ``--ship-every`` minutes each process's closed
@@ -37,6 +39,7 @@ import os
 import sys
 from pathlib import Path
 
+from crawler.spiderkit.partition import MODES
 from slurm.queue import run_queue
 from slurm.runner import TaskConfig, TaskRunner
 
@@ -54,6 +57,14 @@ def parse_args(argv: list[str]) -> TaskConfig:
     parser.add_argument("--ship-every", type=float, default=10.0, help="minutes")
     parser.add_argument("--queue", default="", help="queue mode: the hub's work queue")
     parser.add_argument("--batch", type=int, default=1000, help="queue mode: URLs per lease")
+    parser.add_argument(
+        "--partition",
+        "--partition-by",
+        dest="partition",
+        choices=MODES,
+        help="shard mode: what a shard takes whole (default: the CRAWL_PARTITION setting, "
+        "domain); queue mode: set when the queue is loaded",
+    )
     parser.add_argument("scrapy_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = args.scrapy_args[1:] if args.scrapy_args[:1] == ["--"] else args.scrapy_args
@@ -72,6 +83,7 @@ def parse_args(argv: list[str]) -> TaskConfig:
         scrapy_args=tuple(extra),
         queue=args.queue,
         batch=args.batch,
+        partition=args.partition or "",
         lease_ttl=float(os.environ.get("WORK_LEASE_TTL") or 300),
     )
 

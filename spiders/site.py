@@ -33,6 +33,7 @@ from crawler.hub.db import hub_url
 from crawler.spiderkit.domains import registered_domain
 from crawler.spiderkit.jobqueue import JobQueueUrls
 from crawler.spiderkit.parsers import hrefs, page_summary
+from crawler.spiderkit.partition import PartitionError, check_mode
 from crawler.spiderkit.start import BATCH as START_BATCH
 from crawler.spiderkit.start import listed_requests
 from crawler.spiderkit.urls import UrlList, parse_shard
@@ -63,6 +64,7 @@ class SiteSpider(scrapy.Spider):
         depth: str = "0",
         revalidate: str = "0",
         shard: str | None = None,
+        partition: str | None = None,
         render: str = "0",
         summaries: str | None = None,
         **kwargs,
@@ -72,6 +74,11 @@ class SiteSpider(scrapy.Spider):
         # -a shard=I/N: only the listed URLs whose key falls in shard I of N (followed
         # links are not sharded).
         self.shard = parse_shard(shard)
+        # -a partition=domain|host|url: how shards split the list; None: CRAWL_PARTITION.
+        try:
+            self.partition = check_mode(partition, "-a partition") if partition else None
+        except PartitionError as exc:
+            raise UsageError(str(exc)) from None
         try:
             self.depth = int(depth)
         except ValueError:
@@ -91,7 +98,14 @@ class SiteSpider(scrapy.Spider):
 
     @classmethod
     def from_crawler(cls, crawler, *args, **kwargs):
+        # Checked before the spider opens its list: a refused crawl leaves nothing open.
+        try:
+            partition = check_mode(crawler.settings.get("CRAWL_PARTITION"))
+        except PartitionError as exc:
+            raise UsageError(str(exc)) from None
         spider = super().from_crawler(crawler, *args, **kwargs)
+        if spider.partition is None:
+            spider.partition = partition
         if spider.url_list is None:
             spider.url_list = spider._job_queue(crawler)
         if spider.summaries is None:
@@ -145,6 +159,7 @@ class SiteSpider(scrapy.Spider):
             self.url_list,
             self._start_request,
             shard=self.shard,
+            partition=self.partition,
             skip_stored=skip,
             batch=self.start_batch,
             thread=self.start_thread,

@@ -20,13 +20,16 @@ FAST = ["-s", "AUTOTHROTTLE_ENABLED=0"]
 
 
 def submit(cluster, urls: Path, data: Path, tasks: int, tmp_path: Path, procs: int = 1,
-           env: dict | None = None, scrapy_args: list[str] = FAST) -> tuple[str, str]:  # fmt: skip
-    """Submit the array and its merge job; returns their job ids."""
+           env: dict | None = None, scrapy_args: list[str] = FAST,
+           partition: str | None = None) -> tuple[str, str]:  # fmt: skip
+    """Submit the array and its merge job; returns their job ids. ``partition``:
+    ``--partition-by`` (the test site is one host: ``url`` splits it)."""
     local = tmp_path / "local"
     local.mkdir(exist_ok=True)
     job_env = dict(cluster.env, LOCAL=str(local), SHIP_EVERY="0.05", **(env or {}))
     cmd = [sys.executable, str(ROOT / "slurm" / "submit"), str(urls), "--tasks", str(tasks),
            "--procs", str(procs), "--data", str(data), "--time", "10:00", "--margin", "60",
+           *(["--partition-by", partition] if partition else []),
            "--", *scrapy_args]  # fmt: skip
     done = subprocess.run(cmd, env=job_env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -182,11 +182,11 @@ async def test_crawls_skip_what_other_catalogs_hold_whatever_the_shards(site, tm
     url_file = write_urls(tmp_path / "urls.txt", urls)
     # Two tasks of a 2-way split, then the whole list split 3 ways: nothing refetched.
     for i in range(2):
-        await crawl_site(url_file, tmp_path / f"two{i}", shard=f"{i}/2")
+        await crawl_site(url_file, tmp_path / f"two{i}", shard=f"{i}/2", partition="url")
     assert sum(len(rows_by_url(tmp_path / f"two{i}")) for i in range(2)) == len(urls)
     before = {u: site.counts[u.split(site.base_url)[1]] for u in urls}
     seen = {"CATALOG_SEEN": f"{tmp_path}/two*/metadata.db"}
-    await crawl_site(url_file, tmp_path / "three0", seen, shard="0/3")
+    await crawl_site(url_file, tmp_path / "three0", seen, shard="0/3", partition="url")
     assert {u: site.counts[u.split(site.base_url)[1]] for u in urls} == before
     assert rows_by_url(tmp_path / "three0") == {}
     assert_rows_readable(tmp_path / "two0", site)

@@ -33,6 +33,7 @@ def submit(cluster, urls: Path, data: Path, tasks: int, tmp_path: Path, procs: i
     (tmp_path / "local").mkdir(exist_ok=True)
     cmd = [sys.executable, str(ROOT / "slurm" / "submit"), str(urls), "--tasks", str(tasks),
            "--procs", str(procs), "--data", str(data), "--time", "10:00", "--margin", "60",
+           "--partition-by", "url",  # the test site is one host: split its URLs by key
            "--", *SCRAPY_ARGS]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -1,5 +1,6 @@
 """``slurm/submit --procs P``: P crawl processes per task, each with its own shard,
-archive and catalog, and ``--cpus-per-task`` set to match."""
+archive and catalog, and ``--cpus-per-task`` set to match. The test site is one host:
+``--partition-by url`` splits its URLs by key."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def test_procs_crawl_disjoint_shards_into_their_own_archives(slurm_cluster, site
     data = tmp_path / "data"
     site.reset_counts()
     array, merge = submit(slurm_cluster, write_urls(tmp_path / "urls.txt", urls), data, 1,
-                          tmp_path, procs=PROCS)  # fmt: skip
+                          tmp_path, procs=PROCS, partition="url")  # fmt: skip
     assert slurm_cluster.wait_done(array, timeout=150) == ["COMPLETED"], logs(data)
     assert slurm_cluster.job_field(f"{array}_0", "CPUs/Task") == str(PROCS)
     shards = {}

@@ -22,12 +22,14 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from scrapy import Request
+from scrapy.exceptions import UsageError
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task, threads
 from w3lib.url import safe_url_string
 
 from crawler import signals as crawler_signals
-from crawler.spiderkit.urls import UrlList, check_url, in_shard
+from crawler.spiderkit.partition import PartitionError, check_mode, shard_of
+from crawler.spiderkit.urls import UrlList, check_url
 from crawler.storage.keys import plain_key, request_key
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,7 @@ async def listed_requests(
     make: Callable[[str], Request],
     *,
     shard: tuple[int, int] | None = None,
+    partition: str | None = None,
     skip_stored: bool = True,
     batch: int = BATCH,
     thread: bool = False,
@@ -76,8 +79,9 @@ async def listed_requests(
 
     ``skip_stored=False`` builds a request for every line (a depth crawl replays the
     stored start pages; a revalidating crawl fetches them again); they still carry
-    their key, so that nothing keys them twice. ``shard``: only the lines whose key
-    falls in shard I of N. Bad lines are logged with ``file:line``, counted
+    their key, so that nothing keys them twice. ``shard``: only the lines that fall in
+    shard I of N, split by ``partition`` (``domain``, ``host`` or ``url``; default the
+    ``CRAWL_PARTITION`` setting, see ``crawler/spiderkit/partition.py``). Bad lines are logged with ``file:line``, counted
     (``SPIDER/bad_lines``) and written to the action log as errors.
 
     ``thread=True``: the next batch is read and keyed in a thread while this one is
@@ -92,16 +96,20 @@ async def listed_requests(
 
     crawler = spider.crawler
     archive = StorageExtension.of(crawler) if skip_stored else None
+    try:
+        mode = check_mode(partition or crawler.settings.get("CRAWL_PARTITION"))
+    except PartitionError as exc:
+        raise UsageError(str(exc)) from None
     batches = urls.batches(batch)
     if thread:
-        pending = threads.deferToThread(_next_keyed, batches, shard)
+        pending = threads.deferToThread(_next_keyed, batches, shard, mode)
     while True:
         if thread:
             keyed = await maybe_deferred_to_future(pending)
             if keyed is not None:
-                pending = threads.deferToThread(_next_keyed, batches, shard)
+                pending = threads.deferToThread(_next_keyed, batches, shard, mode)
         else:
-            keyed = _next_keyed(batches, shard)
+            keyed = _next_keyed(batches, shard, mode)
             # A batch of stored URLs yields nothing: let the reactor run (progress,
             # stop signals, the counts) before the next one.
             await maybe_deferred_to_future(task.deferLater(reactor, 0))
@@ -133,7 +141,9 @@ async def listed_requests(
 
 
 def _next_keyed(
-    batches: Iterator[list[tuple[int, str, str | None]]], shard: tuple[int, int] | None
+    batches: Iterator[list[tuple[int, str, str | None]]],
+    shard: tuple[int, int] | None,
+    mode: str = "url",
 ) -> tuple[list[tuple[str, str]], list[tuple[int, str, str]]] | None:
     """The next batch as ``(url, key)`` of the lines to fetch (in the shard) and
     ``(line number, text, problem)`` of the bad ones; None at the end of the list."""
@@ -151,7 +161,7 @@ def _next_keyed(
                 url, key, problem = listed_key(text)
         if problem:
             bad.append((number, text, problem))
-        elif shard is None or in_shard(key, shard):
+        elif shard is None or shard_of(url, key, mode, shard[1]) == shard[0]:
             listed.append((url, key))
     return listed, bad
 
