@@ -117,6 +117,21 @@ def test_truncated_and_corrupt_records_are_reported_with_their_offset(tmp_path):
         WARC.read(bad, row.offset, row.length)
 
 
+def test_a_gzip_member_cut_short_is_an_error_never_a_short_body(tmp_path):
+    # FastWARC's stream reader ends a cut member's body where the bytes end, silently:
+    # a re-parse reads each member whole, from the catalog's length, and inflates it
+    # with its CRC and length checked.
+    writer = WarcWriter(tmp_path / "archive", tmp_path)
+    row = writer.write_fetch(fetch(body=BODY * 50))
+    writer.close()
+    path = tmp_path / row.archive
+    member = path.read_bytes()[row.offset : row.offset + row.length]
+    for cut in (len(member) - 8, len(member) // 2):  # its trailer; half of its deflate
+        with pytest.raises(TruncatedRecordError, match=f"^{path}: offset {row.offset}: "):
+            WARC.decode(member[:cut], path, row.offset)
+    assert WARC.decode(member, path, row.offset).body == BODY * 50
+
+
 def test_revisit_records_refresh_on_rebuild(tmp_path):
     writer = WarcWriter(tmp_path / "archive", tmp_path)
     row = writer.write_fetch(fetch(ts=1_700_000_000))

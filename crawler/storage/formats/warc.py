@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from isal import isal_zlib
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
@@ -410,8 +411,9 @@ def decode(data: bytes, path: str | os.PathLike, offset: int) -> StoredRecord:
     """The stored answer in one gzip member of a WARC, read at ``offset``."""
     where = f"{path}: offset {offset}"
     try:
-        raw = zlib.decompress(data, 31)
-    except zlib.error as exc:
+        # ISA-L inflates in half the time of zlib, checking the CRC and length the same.
+        raw = isal_zlib.decompress(data, 31)
+    except (isal_zlib.error, zlib.error) as exc:
         kind = TruncatedRecordError if "incomplete" in str(exc) else ArchiveError
         raise kind(f"{where}: corrupt or truncated gzip member ({exc})") from exc
     return stored_record(parse_record(raw, where), where)
