@@ -147,3 +147,37 @@ def dump_table(data_dir, table: str) -> list[tuple]:
         cols = [r[1] for r in conn.execute(f"PRAGMA table_info({table})") if r[1] != "_parsed_at"]
         sql = f"SELECT {', '.join(cols)} FROM {table} ORDER BY _key, _seq"
         return [tuple(cols)] + conn.execute(sql).fetchall()
+
+
+@deferred_f_from_coro_f
+async def test_damaged_records_are_named_and_their_pages_keep_their_items(site, tmp_path, data_dir):
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(8)]
+    await crawl(ItemsSpider, data_dir, urls=str(write_urls(tmp_path / "urls.txt", urls)))
+    crawled = dump(data_dir)
+    with contextlib.closing(sqlite3.connect(data_dir / "metadata.db")) as conn:
+        rows = conn.execute('SELECT key, archive, "offset", length FROM artifacts').fetchall()
+    rows.sort(key=lambda r: (r[1], r[2]))
+    (cut_key, archive, cut_at, length), (bad_key, _, bad_at, bad_length) = rows[-1], rows[2]
+    path = data_dir / archive
+    with open(path, "r+b") as f:  # one record's gzip member cut, one corrupted
+        f.truncate(cut_at + length // 2)
+        f.seek(bad_at + bad_length // 2)
+        f.write(b"\xff" * 64)
+    result = subprocess.run(
+        [sys.executable, "-m", "scrapy", "reparse", "items", "-s", f"DATA_DIR={data_dir}"]
+        + [*MODULES, "--workers", "1", "-a", "variant=v2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=crawl_env(),
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert f"{path}: offset {cut_at}: " in result.stderr
+    assert f"{path}: offset {bad_at}: " in result.stderr
+    assert "error: 2 records skipped" in result.stderr
+    # The variant stores no links: the two damaged pages keep theirs, as crawled.
+    fixed = dump(data_dir)
+    kept = {row[0] for row in fixed["link_out"][1:]}
+    assert kept == {cut_key, bad_key}
+    assert [r for r in crawled["link_out"][1:] if r[0] in kept] == fixed["link_out"][1:]
