@@ -23,7 +23,6 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.cli import no_crawler_logging, pick_action, tidy_parser
-from crawler.hub import db as hub_db
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
 
@@ -199,6 +198,7 @@ unreadable records), 2 for bad arguments."""
 
     def do_report(self, rest, opts) -> int:
         from crawler import report  # imports matplotlib: only for this action
+        from crawler.hub import db as hub_db  # (not at the top: see commands/proxies.py)
 
         if opts.watch is not None and opts.watch <= 0:
             raise UsageError(

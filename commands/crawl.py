@@ -16,7 +16,6 @@ from scrapy.exceptions import UsageError
 
 import crawler.settings as project_settings
 from crawler.cli import check_setting_types, tidy_parser
-from crawler.hub import HubError
 from crawler.quietlog import quiet_crawl_log
 
 logger = logging.getLogger(__name__)
@@ -104,12 +103,16 @@ Exit status:
             )
 
     def _on_failure(self, failure):
+        from crawler.hub import HubError  # (not at the top: see commands/proxies.py)
+
         if failure.check(UsageError, HubError):
             self._usage_error = str(failure.value)
             return None
         return failure
 
     def _on_done(self, task) -> None:
+        from crawler.hub import HubError
+
         if task.cancelled():
             return
         exc = task.exception()

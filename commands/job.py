@@ -5,19 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.project import get_project_settings
 
 from crawler.cli import pick_action, tidy_parser
-from crawler.hub import Hub, HubError
-from crawler.hub.admin import JobAdmin
-from crawler.hub.db import hub_url
-from crawler.hub.jobchecks import JobSettingError, check_settings
-from crawler.hub.jobs import parse_assignments
-from crawler.spiderkit.start import bad_line, checked_lines
-from crawler.spiderkit.urls import UrlList
+
+if TYPE_CHECKING:
+    from crawler.spiderkit.urls import UrlList
 
 ACTIONS = ("create", "set", "list", "show")
 
@@ -54,6 +51,14 @@ class Command(ScrapyCommand):
         parser.add_argument("--urls", help="a URL list loaded into the job's queue (create)")
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
+        # (The hub here, not at the top: see commands/proxies.py.)
+        from crawler.hub import Hub, HubError
+        from crawler.hub.admin import JobAdmin
+        from crawler.hub.db import hub_url
+        from crawler.hub.jobchecks import JobSettingError, check_settings
+        from crawler.hub.jobs import parse_assignments
+        from crawler.spiderkit.urls import UrlList
+
         pick_action(args, ACTIONS)
         action, rest = args[0], args[1:]
         if action == "list" and rest or action in ("create", "show") and len(rest) != 1:
@@ -107,6 +112,8 @@ class Command(ScrapyCommand):
 def fetchable_urls(urls: UrlList) -> Iterator[str]:
     """The lines of ``urls`` a crawl would fetch; the others said on standard error, as
     the crawl says them, and left out of the queue."""
+    from crawler.spiderkit.start import bad_line, checked_lines
+
     for number, text, problem in checked_lines(urls):
         if problem:
             print(f"Skipped line {bad_line(urls, number, text, problem)}", file=sys.stderr)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.cli import pick_action, tidy_parser
-from crawler.hub import Hub, HubError, ProxyPool
-from crawler.hub.admin import ProxyAdmin
-from crawler.hub.db import hub_url
+
+if TYPE_CHECKING:
+    from crawler.hub.admin import ProxyAdmin
 
 ACTIONS = ("add", "import", "list", "disable", "enable", "unban", "stats")
 
@@ -62,6 +63,12 @@ class Command(ScrapyCommand):
             raise UsageError(
                 f"`proxies {action}` takes {want if want is not None else '1+'} argument(s)"
             )
+        # The hub here, not at the top: Scrapy imports every command's module to run any
+        # one of them, and the hub's modules are a tenth of a re-parse's start-up.
+        from crawler.hub import Hub, HubError, ProxyPool
+        from crawler.hub.admin import ProxyAdmin
+        from crawler.hub.db import hub_url
+
         assert self.settings is not None
         try:
             with Hub.open(hub_url(self.settings, required=True)) as hub:

@@ -9,9 +9,6 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.cli import pick_action, tidy_parser
-from crawler.hub import Hub, HubError
-from crawler.hub.admin import QueueAdmin
-from crawler.hub.db import hub_url
 
 ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
 
@@ -50,6 +47,11 @@ class Command(ScrapyCommand):
         action, rest = args[0], args[1:]
         if len(rest) != ARGUMENTS[action]:
             raise UsageError(f"`queue {action}` takes {ARGUMENTS[action]} argument(s)")
+        # (The hub here, not at the top: see commands/proxies.py.)
+        from crawler.hub import Hub, HubError
+        from crawler.hub.admin import QueueAdmin
+        from crawler.hub.db import hub_url
+
         assert self.settings is not None
         try:
             with Hub.open(hub_url(self.settings, required=True)) as hub:
