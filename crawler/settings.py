@@ -95,6 +95,10 @@ ARCHIVE_FORMAT = "warc"
 # ARCHIVE_FORMAT=sqlite: 0 stores bodies as served, searchable with LIKE; 1-9 stores
 # each as a gzip member at that zlib level.
 ARCHIVE_SQLITE_GZIP_LEVEL = 0
+# A page fetched again whose payload is the one stored for its key is kept as a
+# revisit record referring to it ("url"); "digest" also refers to an identical payload
+# stored under another URL (an index of digests in the catalog); "off" stores it whole.
+ARCHIVE_DEDUP = "url"
 # `scrapy shell URL`: "archive" answers cataloged URLs from the archive and fetches (and
 # stores) the rest; "offline" answers only from the archive; "live" fetches, storing
 # nothing. Offline replay of a whole crawl:

@@ -17,7 +17,8 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
                           ``release()``): a request a test keeps in flight until it says so
     /private/N            a page robots.txt forbids
     /robots.txt           Disallow: /private/
-    /product/N.html       a shop's product page (the ``products`` example spider)
+    /product/N.html       a shop's product page (the ``products`` example spider); it sends
+                          no validators, as most dynamic sites (?ms=MS: after that pause)
     /sitemap.xml          an XML sitemap of the first pages
     /js/N                 a page whose title, text and links appear only after JavaScript
                           runs (?delay=MS: after that pause; &after=load: counted from
@@ -311,6 +312,7 @@ class DemoSite:
         if kind in ("page", "gzip", "chunked", "private") and 0 <= n < self.pages:
             return self._page(n, version)
         if kind == "product" and 0 <= n < self.pages:
+            time.sleep(int(query.get("ms", ["0"])[0]) / 1000)
             body = self.product_html(n, version)
             return Answer(200, body, {"Content-Type": "text/html; charset=utf-8"})
         if kind == "js":

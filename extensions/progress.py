@@ -57,7 +57,7 @@ class ProgressExtension:
 
     def _counts(self) -> tuple[int, int]:
         get = self.stats.get_value
-        pages = get("actions/ok", 0) + get("actions/not_modified", 0)
+        pages = sum(get(f"actions/{o}", 0) for o in ("ok", "not_modified", "unchanged"))
         return pages, get("progress/list_done", 0)
 
     def log(self) -> None:

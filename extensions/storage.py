@@ -24,6 +24,7 @@ the waiters look again then, so that a URL is fetched once.
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from scrapy import Request, signals
@@ -41,7 +42,7 @@ from crawler.storage.actionlog import OUTCOMES, Outcome
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.items import parsed_keys
 from crawler.storage.keys import request_key
-from crawler.storage.records import Fetch, Row
+from crawler.storage.records import Fetch, Row, payload_digest
 from crawler.storage.session import SessionConfig, StorageSession
 from crawler.storage.unsettled import UnsettledKeys
 from extensions.archive_policy import ArchivePolicy, Decision
@@ -94,6 +95,8 @@ class StorageExtension:
         policy = load_object(crawler.settings.get("ARCHIVE_POLICY") or ArchivePolicy)
         self.policy: ArchivePolicy = build_from_crawler(policy, crawler, self.config.store_statuses)
         self.session = StorageSession(self.config)
+        # ARCHIVE_DEDUP: a refetched payload equal to its key's stored one is a revisit.
+        self._dedup = self.config.store.dedup != "off"
         # What runs.jsonl records of this run, as plain text: the storage core takes
         # no Scrapy settings. `scrapy shell` stores pages but is no run of a spider.
         self.run_settings = None
@@ -472,25 +475,47 @@ class StorageExtension:
 
     # -- storing -------------------------------------------------------------------------
 
-    def store(self, request: Request, fetch: Fetch) -> None:
-        """Hand an answer to the writer; it logs ``ok`` once the row is committed."""
+    def store(self, request: Request, fetch: Fetch, stored: Row | None = None) -> None:
+        """Hand an answer to the writer; it logs ``ok`` (``unchanged``: the payload of
+        the key's ``stored`` row, kept as a revisit of it) once the row is committed."""
         size = len(fetch.body)
+        original = self._unchanged(fetch, stored)
+        outcome = Outcome.OK if original is None else Outcome.UNCHANGED
         action = self._fields(
-            request, outcome=Outcome.OK, status=fetch.status, bytes=size, ts=time.time()
+            request, outcome=outcome, status=fetch.status, bytes=size, ts=time.time()
         )
         depth = action.pop("depth")
         try:
-            self.session.put(fetch, action)
+            self.session.put(fetch, action, original)
         except StoreError as exc:
             self.failed(request, status=fetch.status, error=f"not stored: {exc}")
             self._fail(str(exc))
             return
-        crawler_signals.mark_final(request, Outcome.OK)
+        crawler_signals.mark_final(request, outcome)
         self._finished.add(hash(fetch.key))
         self._unsettled.stored(fetch.key)
-        self._inc("archive/stored")
-        self._inc("archive/stored_bytes", size)
-        self._count(Outcome.OK, depth)
+        if original is None:
+            self._inc("archive/stored")
+            self._inc("archive/stored_bytes", size)
+        else:
+            self._inc("archive/revisits")
+        self._count(outcome, depth)
+
+    def _unchanged(self, fetch: Fetch, stored: Row | None) -> Row | None:
+        """``stored`` when ``fetch`` brings the very payload its record holds, else None.
+        A row of another data directory (CATALOG_SEEN: its ``archive`` is absolute) is
+        never referred to: this one's archive would not hold it."""
+        if (
+            stored is None
+            or not self._dedup
+            or stored.status != fetch.status
+            or stored.rendered
+            or fetch.rendered_body is not None
+            or not stored.payload_digest
+            or os.path.isabs(stored.archive)
+        ):
+            return None
+        return stored if payload_digest(fetch.body) == stored.payload_digest else None
 
     def refresh(self, request: Request, fetch: Fetch, row: Row | None) -> bool:
         """A 304 to a revalidation: the row's validators and time refreshed."""

@@ -95,6 +95,8 @@ class ArchiveMiddleware:
             meta["catalog_revalidating"] = True
             meta["catalog_row"] = row
             return None
+        if decision is Decision.FETCH and row is not None:
+            meta["catalog_row"] = row  # its payload may come back unchanged: a revisit
         if decision is Decision.REPLAY:
             response = self.storage.replay(request, row)
             if response is not None:
@@ -116,7 +118,8 @@ class ArchiveMiddleware:
         if not self.policy.should_store(status):
             storage.failed(request, status=status, error=f"HTTP {status}")
             return response
-        storage.store(request, response_fetch(catalog_key(request), request, response))
+        fetch = response_fetch(catalog_key(request), request, response)
+        storage.store(request, fetch, meta.get("catalog_row"))
         return response
 
     def _not_modified(self, request: Request, response: Response) -> Response:

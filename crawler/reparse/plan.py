@@ -54,7 +54,8 @@ class Task:
     """A byte range of one archive file and the catalog rows inside it."""
 
     path: str
-    rows: list[tuple]  # (key, url, final_url, method, fetched_at, offset, length)
+    # (key, url, final_url, method, fetched_at, offset, length, status, payload_digest)
+    rows: list[tuple]
 
     @property
     def start(self) -> int:
@@ -151,6 +152,8 @@ def plan(rows: Iterable[Row], data_dir: Path, chunk_rows: int = CHUNK_ROWS) -> I
             row.fetched_at,
             row.offset,
             row.length,
+            row.status,
+            row.payload_digest,
         )
         if current is not None and (
             current.path != path

@@ -38,6 +38,7 @@ from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError
 from crawler.storage.items import ItemTableWriter, PageItems, parsed_at_now
+from crawler.storage.records import as_answer
 
 logger = logging.getLogger(__name__)
 
@@ -187,12 +188,13 @@ class Reparser:
                 problems.append(Problem("corrupt", f"{task.path}: offset {row[5]}: {exc}"))
             stats["reparse/errors/corrupt"] += len(task.rows)
             return result
-        for (key, url, _final_url, method, fetched_at, offset, _length), stored in zip(
-            task.rows, records, strict=True
-        ):
+        for row, stored in zip(task.rows, records, strict=True):
+            key, url, final_url, method, fetched_at, offset, _length, status, digest = row
             try:
                 if isinstance(stored, ArchiveError):
                     raise stored
+                # A row deduplicated against another URL's record: its own URL, status.
+                stored = as_answer(stored, key, url, final_url, method, status, digest)
                 if stored.key != key:
                     raise ArchiveError(
                         f"{task.path}: offset {offset}: record of key {stored.key}, not {key}"

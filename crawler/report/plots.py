@@ -23,6 +23,7 @@ COLOURS = {
     "ok": "#2a9d8f",
     "cache_hit": "#8ab17d",
     "not_modified": "#e9c46a",
+    "unchanged": "#c9b458",
     "retry": "#f4a261",
     "error": "#e76f51",
     "item_error": "#9b5de5",

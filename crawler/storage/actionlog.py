@@ -26,6 +26,10 @@ class Outcome(StrEnum):
     ERROR = "error"
     # An item of a stored page that could not be stored (pipelines/catalog.py).
     ITEM_ERROR = "item_error"
+    # A page fetched again whose payload is the one stored for its key: kept as a
+    # revisit record referring to it (listed last: the end summary's older figures
+    # keep their order).
+    UNCHANGED = "unchanged"
 
 
 OUTCOMES = tuple(Outcome)

@@ -182,6 +182,10 @@ TOUCH = (
     "last_modified = coalesce(?, last_modified), fetched_at = ? WHERE key = ?"
 )
 DELETE = "DELETE FROM artifacts WHERE key = ?"
+# ARCHIVE_DEDUP=digest looks stored payloads up by digest: an index made by the first
+# crawl that asks for it, kept from then on (docs/reference/data-directory.md).
+DIGEST_INDEX = "CREATE INDEX IF NOT EXISTS artifacts_digest ON artifacts (payload_digest)"
+BY_DIGEST = "WHERE payload_digest = ? AND rendered = 0 LIMIT 1"
 # Rows whose archive is not in the temporary table ``archives`` (see keep_archives).
 DELETE_OUTSIDE = "DELETE FROM artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
 SUMMARY = "SELECT status, row_count, byte_count FROM totals WHERE row_count > 0 ORDER BY status"
@@ -364,6 +368,12 @@ class Catalog:
         found = cur.fetchone()
         return Row(*found) if found else None
 
+    def by_digest(self, digest: str) -> Row | None:
+        """A row whose record holds a payload of ``digest`` (not a rendered DOM)."""
+        found = self.conn.execute(f"SELECT {self._select} FROM artifacts {BY_DIGEST}", (digest,))
+        row = found.fetchone()
+        return Row(*row) if row else None
+
     def present(self, keys: list[str]) -> set[str]:
         """The subset of ``keys`` that have a row (one query for the whole list)."""
         if not keys:
@@ -433,6 +443,11 @@ class Catalog:
         self.conn.executemany(TOUCH, values)
 
     # -- writing (each its own transaction) ------------------------------------------
+
+    def index_digests(self) -> None:
+        """Make the index of payload digests (once; a while on a large catalog)."""
+        with self.transaction():
+            self.conn.execute(DIGEST_INDEX)
 
     def delete(self, keys: Iterable[str]) -> None:
         with self.transaction():

@@ -24,7 +24,7 @@ from pathlib import Path
 from crawler.storage import formats
 from crawler.storage.errors import StoreError
 from crawler.storage.formats.base import ArchiveFormat, writing_marker
-from crawler.storage.records import Row, StoredRecord
+from crawler.storage.records import Row, StoredRecord, as_row_answer
 
 DEFAULT = "data"
 CATALOG_NAME = "metadata.db"
@@ -163,7 +163,7 @@ class DataDir:
         """The stored answer a catalog row points at; raises ArchiveError, OSError, or
         ValueError (a file of no known format)."""
         path = self.resolve(row.archive)
-        return formats.for_path(path).read(path, row.offset, row.length)
+        return as_row_answer(formats.for_path(path).read(path, row.offset, row.length), row)
 
     # -- the lock -------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import base64
 import hashlib
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 Headers = list[tuple[str, str]]
@@ -20,6 +20,7 @@ Headers = list[tuple[str, str]]
 KEY_HEADER = "X-Crawl-Key"
 REQUESTED_URI_HEADER = "X-Crawl-Requested-URI"
 METHOD_HEADER = "X-Crawl-Method"
+_OWN_HEADERS = {"WARC-Target-URI", KEY_HEADER, REQUESTED_URI_HEADER, METHOD_HEADER}
 # Headers that no longer describe the stored payload once Scrapy decoded it; the
 # server's values are kept under this prefix (the convention replay tools know).
 ORIG_PREFIX = "X-Archive-Orig-"
@@ -76,6 +77,11 @@ class StoredRecord:
     def key(self) -> str | None:
         return header(self.warc_headers, KEY_HEADER)
 
+    @property
+    def digest(self) -> str | None:
+        """The payload digest the record states (None if it states none)."""
+        return header(self.warc_headers, "WARC-Payload-Digest")
+
 
 @dataclass
 class Row:
@@ -102,14 +108,83 @@ class Row:
 
 # A 304 refresh found in an archive: (key, etag, last_modified, fetched_at).
 Touch = tuple[str, str | None, str | None, str]
+# A revisit record of a payload stored already names the record that holds it: where
+# its row points, so that the archive alone gives the row back (an archive file as the
+# catalog names it, the offset and the length).
+REFERS_TO_HEADER = "X-Crawl-Refers-To-Record"
+IDENTICAL_PROFILE = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
 
 
 @dataclass
 class Indexed:
-    """What an archive file holds, as catalog rows and 304 refreshes."""
+    """What an archive file holds, as catalog rows and 304 refreshes. A revisit of a
+    payload stored already is a row pointing at the record that holds it."""
 
     rows: list[Row] = field(default_factory=list)
     touches: list[Touch] = field(default_factory=list)
+
+
+def refers_to(original: Row) -> str:
+    """The value of :data:`REFERS_TO_HEADER` naming ``original``'s record."""
+    return f"{original.archive} {original.offset} {original.length}"
+
+
+def revisit_row(meta: dict, headers: Headers) -> Row:
+    """The row a revisit of a stored payload implies, from its fields (``key``, ``url``,
+    ``final_url``, ``method``, ``status``, ``fetched_at``, ``digest``, ``refers_to``)
+    and its HTTP headers, whatever the format."""
+    archive, offset, length = meta["refers_to"].rsplit(" ", 2)
+    return Row(
+        key=meta["key"],
+        url=meta["url"],
+        final_url=meta["final_url"],
+        status=int(meta["status"]),
+        content_type=header(headers, "Content-Type"),
+        bytes=int(header(headers, "Content-Length") or 0),
+        etag=header(headers, "ETag"),
+        last_modified=header(headers, "Last-Modified"),
+        fetched_at=meta["fetched_at"],
+        archive=archive,
+        offset=int(offset),
+        length=int(length),
+        payload_digest=meta.get("digest"),
+        method=meta.get("method") or "GET",
+    )
+
+
+def as_row_answer(stored: StoredRecord, row: Row) -> StoredRecord:
+    """A record read for ``row`` as the answer to its own request: see
+    :func:`as_answer`."""
+    return as_answer(
+        stored, row.key, row.url, row.final_url, row.method, row.status, row.payload_digest
+    )
+
+
+def as_answer(
+    stored: StoredRecord,
+    key: str,
+    url: str,
+    final_url: str,
+    method: str,
+    status: int,
+    digest: str | None,
+) -> StoredRecord:
+    """A record read for the row of ``key`` as the answer to that row's request. A row
+    deduplicated against another URL's identical payload (ARCHIVE_DEDUP=digest) points
+    at that URL's record: the payload and headers are the record's, the URL, status
+    and key the row's. A record of another key and payload is given back as it is: the
+    row is wrong, and readers say so."""
+    if stored.key in (None, key) or not digest or stored.digest != digest:
+        return stored
+    warc_headers = [(n, v) for n, v in stored.warc_headers if n not in _OWN_HEADERS]
+    warc_headers += [
+        ("WARC-Target-URI", final_url),
+        (KEY_HEADER, key),
+        (REQUESTED_URI_HEADER, url),
+        (METHOD_HEADER, method),
+        ("WARC-Refers-To-Target-URI", stored.url),
+    ]
+    return replace(stored, url=final_url, status=status, warc_headers=warc_headers)
 
 
 def fetch_row(

@@ -31,6 +31,8 @@ from crawler.storage.store import Recovery, StoreConfig, recover
 from crawler.storage.writer.client import ReplyWatcher, WriterProcess
 
 logger = logging.getLogger(__name__)
+# ARCHIVE_DEDUP: what a payload stored already is kept as (docs/reference/settings.md).
+DEDUP_MODES = ("url", "digest", "off")
 
 
 @dataclass
@@ -65,6 +67,9 @@ class SessionConfig:
                 f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
             )
         fmt = formats.get(settings.get("ARCHIVE_FORMAT"))
+        dedup = (settings.get("ARCHIVE_DEDUP") or "url").lower()
+        if dedup not in DEDUP_MODES:
+            raise SettingError(f"ARCHIVE_DEDUP must be url, digest or off, not {dedup!r}")
         return cls(
             store=StoreConfig(
                 data_dir=datadir.root,
@@ -78,6 +83,7 @@ class SessionConfig:
                 format=fmt.name,
                 format_options=fmt.options(settings),
                 items=settings.getbool("CATALOG_ITEMS_ENABLED"),
+                dedup=dedup,
             ),
             store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
             queue_bytes=_number(settings, "ARCHIVE_QUEUE_BYTES", int),
@@ -154,8 +160,9 @@ class StorageSession:
         """The stored ones among ``keys``, in one query."""
         return set()
 
-    def put(self, fetch, action: dict | None = None) -> None:
-        """Store a fetch; ``action`` is its action-log line, written once it is stored."""
+    def put(self, fetch, action: dict | None = None, original: Row | None = None) -> None:
+        """Store a fetch; ``action`` is its action-log line, written once it is stored;
+        ``original``: the stored row whose payload it brings again (a revisit)."""
         raise StoreError("the storage session is not open")
 
     def touch(self, fetch, refers_to_date: str | None = None) -> None:

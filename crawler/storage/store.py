@@ -24,7 +24,7 @@ from crawler.storage.datadir import DataDir
 from crawler.storage.errors import StoreError
 from crawler.storage.formats.base import Repair
 from crawler.storage.items import ItemStore, PageItems, PageLogWriter, RecoveredPagesWriter
-from crawler.storage.records import Fetch, Row, Touch, header, warc_date
+from crawler.storage.records import Fetch, Row, Touch, header, payload_digest, warc_date
 
 
 @dataclass
@@ -41,6 +41,9 @@ class StoreConfig:
     format_options: dict = field(default_factory=dict)  # ArchiveFormat.options()
     # Hold each row until its page's items arrive, and commit them together.
     items: bool = False
+    # ARCHIVE_DEDUP: "digest" also stores a payload that another key's record holds
+    # as a revisit of it ("url" and "off" are the crawl's to decide).
+    dedup: str = "url"
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
@@ -150,18 +153,35 @@ class Store:
             self.page_log = PageLogWriter(self.catalog.conn)
             self.batch.add_writes(self.page_log)
         self._roll_due: float | None = None
+        # With ARCHIVE_DEDUP=digest: the rows written since the last commit by digest,
+        # which the catalog cannot answer for yet.
+        self._recent: dict[str, Row] | None = None
+        if config.dedup == "digest":
+            self.catalog.index_digests()
+            self._recent = {}
         self.stored = 0
+        self.revisits = 0
         self.refreshed = 0
         self.bytes = 0
         self._log: ActionLog | None = None
         self._actions: list[dict] = []  # action lines of rows not yet committed
         self._held_actions: dict[str, dict] = {}  # those of rows held for their items
 
-    def put(self, fetch: Fetch, action: dict | None = None) -> Row:
+    def put(self, fetch: Fetch, action: dict | None = None, original: Row | None = None) -> Row:
         """Store a fetch; ``action``: its action-log line (ActionLog.write's arguments),
         written here once its row is committed (a killed run then never logs ``ok``
-        for a page it fetches again), and to spare the crawl's thread the work."""
-        row = self.archive.write_fetch(fetch)
+        for a page it fetches again), and to spare the crawl's thread the work.
+        ``original``: the row whose record holds the fetch's payload already (the
+        crawl compared the digests), which the fetch is stored as a revisit of."""
+        if original is None and self._recent is not None:
+            original = self._same_payload(fetch)
+        if original is not None:
+            row = self.archive.write_unchanged(fetch, original)
+            self.revisits += 1
+        else:
+            row = self.archive.write_fetch(fetch)
+            if self._recent is not None and not row.rendered:
+                self._recent[row.payload_digest] = row
         if self.items is not None:
             if action is not None:
                 self._held_actions[row.key] = action
@@ -175,6 +195,13 @@ class Store:
         self.bytes += row.bytes
         self._maybe_roll()
         return row
+
+    def _same_payload(self, fetch: Fetch) -> Row | None:
+        """A row whose record holds ``fetch``'s payload (ARCHIVE_DEDUP=digest)."""
+        if not fetch.body or fetch.rendered_body is not None:
+            return None
+        digest = payload_digest(fetch.body)
+        return self._recent.get(digest) or self.catalog.by_digest(digest)
 
     def page_items(self, page: PageItems) -> None:
         """A page's items: committed with its row (held since ``put``)."""
@@ -206,6 +233,8 @@ class Store:
         self.batch.upsert(row)
 
     def _log_committed(self) -> None:
+        if self._recent:
+            self._recent.clear()  # the catalog answers for them now
         actions, self._actions = self._actions, []
         if not actions:
             return
@@ -270,6 +299,7 @@ class Store:
             self._log.close()
         return {
             "stored": self.stored,
+            "revisits": self.revisits,
             "refreshed": self.refreshed,
             "bytes": self.bytes,
             "rows_committed": self.batch.committed,

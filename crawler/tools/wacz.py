@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 import zipfile
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError
 from crawler.storage.formats.warc import WarcWriter
-from crawler.storage.records import Fetch, Row
+from crawler.storage.records import Fetch, Row, as_row_answer, header
 from crawler.tools.scan import ToolError, open_catalog
 from crawler.tools.tmpfiles import temp_path
 
@@ -54,21 +55,41 @@ def _fetch(row: Row, stored) -> Fetch:
 def convert_to_warc(path: Path, data_dir: Path, directory: Path) -> Path | None:
     """The responses of an archive file of another format as ``<name>.warc.gz`` in
     ``directory``, each a WARC ``response`` record (and its ``request``), as the crawl
-    would have written them with ``ARCHIVE_FORMAT=warc``."""
+    would have written them with ``ARCHIVE_FORMAT=warc``; a revisit of a stored payload
+    as a ``revisit`` record referring to the (converted) record that holds it."""
     fmt = formats.for_path(path)
-    rows = fmt.index(path, data_dir).rows
+    relpath = os.path.relpath(path, data_dir)
+    indexed = fmt.index(path, data_dir, relpath).rows
+    rows = [row for row in indexed if row.archive == relpath]
     writer = WarcWriter(directory, directory, prefix="convert", rollover_bytes=1 << 62)
     spans = [(row.offset, row.length) for row in rows]
     for row, stored in zip(rows, fmt.read_span(path, spans) if spans else [], strict=True):
         if isinstance(stored, ArchiveError):
             raise ToolError(f"cannot convert {path} to WARC: {stored}")
         writer.write_fetch(_fetch(row, stored))
+    datadir = DataDir(data_dir)
+    for row in indexed:
+        if row.archive != relpath:
+            writer.write_unchanged(*_revisit(datadir, row, path))
     written = writer.close()
     if written is None:  # a file of 304 revisits alone: nothing to replay
         return None
     target = directory / f"{path.name}.warc.gz"
     os.replace(written, target)
     return target
+
+
+def _revisit(datadir: DataDir, row: Row, path: Path) -> tuple[Fetch, Row]:
+    """A revisit in ``path`` as the fetch it stands for and the row of the record
+    holding its payload (its URL and date as that record states them)."""
+    try:
+        where = datadir.resolve(row.archive)
+        original = formats.for_path(where).read(where, row.offset, row.length)
+    except (ArchiveError, OSError, ValueError) as exc:
+        raise ToolError(f"cannot convert {path} to WARC: a revisit's payload: {exc}") from exc
+    date = header(original.warc_headers, "WARC-Date") or row.fetched_at
+    fetch = _fetch(row, as_row_answer(original, row))
+    return fetch, replace(row, final_url=original.url, fetched_at=date)
 
 
 def write_cdxj(paths: list[Path], out, compress=None, idx_name: str | None = None) -> None:

@@ -370,3 +370,9 @@ class ArchiveWriter(RollingFile):
     def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         """Store a 304: the stored body is still current."""
         raise NotImplementedError
+
+    def write_unchanged(self, fetch: Fetch, original: Row) -> Row:
+        """Store a fetch whose payload ``original``'s record holds already (its digest
+        is ``original.payload_digest``) as a revisit that refers to it; returns the
+        fetch's row, pointing at ``original``'s record."""
+        raise NotImplementedError

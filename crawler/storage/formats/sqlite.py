@@ -52,6 +52,8 @@ from crawler.storage.records import (
     header,
     payload_digest,
     payload_headers,
+    refers_to,
+    revisit_row,
     warc_date,
 )
 
@@ -149,6 +151,28 @@ class SqliteWriter(ArchiveWriter):
             "refers_to_date": refers_to_date,
         }
         self._insert(fetch.key, None, payload_headers(fetch.response_headers, 0), meta)
+
+    def write_unchanged(self, fetch: Fetch, original: Row) -> Row:
+        """A ``revisit`` row with no body whose meta names the payload's digest and the
+        record holding it (its key, URL and date); the catalog row points at that one."""
+        meta = {
+            "type": "revisit",
+            "profile": "identical-payload-digest",
+            "url": fetch.url,
+            "final_url": fetch.final_url,
+            "method": fetch.method,
+            "status": fetch.status,
+            "fetched_at": warc_date(fetch.fetched_at),
+            "digest": original.payload_digest,
+            "refers_to": refers_to(original),
+            "refers_to_uri": original.final_url,
+            "refers_to_date": original.fetched_at,
+        }
+        headers = payload_headers(fetch.response_headers, len(fetch.body))
+        self._insert(fetch.key, None, headers, meta)
+        return fetch_row(
+            fetch, original.archive, original.offset, original.length, original.payload_digest
+        )
 
     def flush(self, fsync: bool = True) -> None:
         """Commit the bodies inserted since the last flush (fsynced: synchronous=FULL)."""
@@ -274,6 +298,9 @@ def index_row(row: tuple, relpath: str, out: Indexed) -> None:
     """Add what one ``bodies`` row says about the catalog to ``out``."""
     row_id, key, body, headers_json, meta_json = row
     meta, headers = json.loads(meta_json), json.loads(headers_json)
+    if meta["type"] == "revisit" and meta.get("refers_to"):
+        out.rows.append(revisit_row({**meta, "key": key}, headers))
+        return
     if meta["type"] == "revisit":
         etag, last_modified = header(headers, "ETag"), header(headers, "Last-Modified")
         out.touches.append((key, etag, last_modified, meta["fetched_at"]))

@@ -3,7 +3,9 @@ by offset.
 
 Each fetch becomes a ``response`` record (its offset and length go to the catalog) and
 a ``request`` record; a rendered page adds a ``conversion`` record (the DOM), which
-gets the row; a 304 revalidation becomes a ``revisit`` record. Response records carry
+gets the row; a 304 revalidation becomes a ``revisit`` record, and so does a payload
+the archive holds already (profile identical-payload-digest, referring to the record
+that holds it, where the row keeps pointing). Response records carry
 the request's key, URL and method, so that the archive alone can rebuild the catalog.
 Records are read with FastWARC, the fastest reader measured here (docs/benchmarks.md).
 
@@ -40,8 +42,10 @@ from crawler.storage.formats.base import (
     save_tail,
 )
 from crawler.storage.records import (
+    IDENTICAL_PROFILE,
     KEY_HEADER,
     METHOD_HEADER,
+    REFERS_TO_HEADER,
     REQUESTED_URI_HEADER,
     Fetch,
     Headers,
@@ -54,6 +58,8 @@ from crawler.storage.records import (
     header,
     payload_digest,
     payload_headers,
+    refers_to,
+    revisit_row,
     warc_date,
 )
 
@@ -270,6 +276,38 @@ class WarcWriter(ArchiveWriter):
         self._append(warc_record("revisit", make_warc_id(), warc_headers, http_headers, b""))
         self.records_written += 1
 
+    def write_unchanged(self, fetch: Fetch, original: Row) -> Row:
+        """A fetch whose payload ``original``'s record holds: a revisit record of the
+        identical-payload-digest profile (its HTTP headers, no payload) and the
+        request record, which replay tools resolve to ``original``'s payload."""
+        if self._file is None:
+            self._open()
+        for hop in fetch.redirects:
+            self._write_hop(hop)
+        date = warc_date(fetch.fetched_at)
+        http_headers = StatusAndHeaders(
+            f"{fetch.status} {_reason(fetch.status)}",
+            payload_headers(fetch.response_headers, len(fetch.body)),
+            protocol="HTTP/1.1",
+        )
+        record_id = make_warc_id()
+        warc_headers = [
+            ("WARC-Date", date),
+            ("WARC-Target-URI", fetch.final_url),
+            ("WARC-Profile", IDENTICAL_PROFILE),
+            ("WARC-Refers-To-Target-URI", original.final_url),
+            ("WARC-Refers-To-Date", original.fetched_at),
+            (KEY_HEADER, fetch.key),
+            (REQUESTED_URI_HEADER, fetch.url),
+            (METHOD_HEADER, fetch.method),
+            (REFERS_TO_HEADER, refers_to(original)),
+        ]
+        digest = original.payload_digest
+        self._append(warc_record("revisit", record_id, warc_headers, http_headers, b"", digest))
+        self._append(self._request_record(fetch, date, record_id))
+        self.records_written += 1
+        return fetch_row(fetch, original.archive, original.offset, original.length, digest)
+
 
 def make_warc_id() -> str:
     """A record id as warcio writes it, ``<urn:uuid:...>`` of a random (version 4)
@@ -427,9 +465,23 @@ def index_record(record: WarcRecord, relpath: str, offset: int, length: int, out
         return
     rec_type = rec.get("WARC-Type")
     if rec_type == "revisit":
-        headers = list(record.http_headers.astuples())
+        http = record.http_headers
+        headers = list(http.astuples())
         etag, last_modified = header(headers, "ETag"), header(headers, "Last-Modified")
-        out.touches.append((key, etag, last_modified, rec.get("WARC-Date")))
+        if rec.get("WARC-Profile") != IDENTICAL_PROFILE or not rec.get(REFERS_TO_HEADER):
+            out.touches.append((key, etag, last_modified, rec.get("WARC-Date")))
+            return
+        fields = {
+            "key": key,
+            "url": rec.get(REQUESTED_URI_HEADER) or rec.get("WARC-Target-URI"),
+            "final_url": rec.get("WARC-Target-URI"),
+            "method": rec.get(METHOD_HEADER),
+            "status": http.status_code,
+            "fetched_at": rec.get("WARC-Date"),
+            "digest": rec.get("WARC-Payload-Digest"),
+            "refers_to": rec.get(REFERS_TO_HEADER),
+        }
+        out.rows.append(revisit_row(fields, headers))
         return
     if rec_type == "conversion":
         # The DOM a browser rendered: the response's status and validators are on the

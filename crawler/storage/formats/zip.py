@@ -47,6 +47,8 @@ from crawler.storage.records import (
     header,
     payload_digest,
     payload_headers,
+    refers_to,
+    revisit_row,
     warc_date,
 )
 
@@ -253,6 +255,30 @@ class ZipWriter(ArchiveWriter):
         self._append(f"{fetch.key[:2]}/{fetch.key}.revisit", b"", meta, fetch.fetched_at)
         self.records_written += 1
 
+    def write_unchanged(self, fetch: Fetch, original: Row) -> Row:
+        """An empty ``.revisit`` entry whose metadata names the payload's digest and
+        the record holding it (its key, URL and date); the row points at that one."""
+        meta = {
+            "type": "revisit",
+            "profile": "identical-payload-digest",
+            "key": fetch.key,
+            "url": fetch.url,
+            "final_url": fetch.final_url,
+            "method": fetch.method,
+            "status": fetch.status,
+            "headers": payload_headers(fetch.response_headers, len(fetch.body)),
+            "fetched_at": warc_date(fetch.fetched_at),
+            "digest": original.payload_digest,
+            "refers_to": refers_to(original),
+            "refers_to_uri": original.final_url,
+            "refers_to_date": original.fetched_at,
+        }
+        self._append(f"{fetch.key[:2]}/{fetch.key}.revisit", b"", meta, fetch.fetched_at)
+        self.records_written += 1
+        return fetch_row(
+            fetch, original.archive, original.offset, original.length, original.payload_digest
+        )
+
     def needs_rollover(self) -> bool:
         return super().needs_rollover() or (
             self._file is not None and len(self._entries) >= MAX_ENTRIES
@@ -391,6 +417,8 @@ def index_meta(meta: dict | None, body: bytes, entry: Entry, relpath: str, out: 
                 method=meta.get("method") or "GET",
             )
         )
+    elif meta["type"] == "revisit" and meta.get("refers_to"):
+        out.rows.append(revisit_row(meta, headers))
     elif meta["type"] == "revisit":
         out.touches.append(
             (

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from crawler.storage.errors import StoreError
 from crawler.storage.items import PageItems
-from crawler.storage.records import Fetch
+from crawler.storage.records import Fetch, Row
 from crawler.storage.store import StoreConfig
 from crawler.storage.writer.wire import BodyRing, FrameReader, readable, send_frame
 
@@ -150,8 +150,8 @@ class WriterProcess:
                 self.error or "the archive writer process exited unexpectedly"
             ) from None
 
-    def put(self, fetch: Fetch, action: dict | None = None) -> None:
-        self._send_msg(("put", fetch, action))
+    def put(self, fetch: Fetch, action: dict | None = None, original: Row | None = None) -> None:
+        self._send_msg(("put", fetch, action, original))
 
     def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         self._send_msg(("touch", fetch, refers_to_date))

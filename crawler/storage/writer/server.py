@@ -106,7 +106,7 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 return
             op = msg[0]
             if op == "put":
-                store.put(msg[1], msg[2])
+                store.put(*msg[1:])
             elif op == "touch":
                 store.touch(msg[1], msg[2])
             elif op == "items":
