@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from scrapy import Request
 from scrapy.http import Response, TextResponse
+from scrapy.http.request import NO_CALLBACK
 
 from crawler.storage.records import ORIG_PREFIX, Fetch, Headers, Hop
 
@@ -63,6 +64,8 @@ def response_fetch(key: str, request: Request, response: Response) -> Fetch:
         response_headers=header_list(response.headers),
         body=response.body,
         redirects=hops_before(request, response),
+        # A media pipeline's download: no callback, so no items to wait for.
+        parsed=request.callback is not NO_CALLBACK,
     )
 
 

@@ -539,3 +539,16 @@ class StorageExtension:
     def item_error(self, url: str, key: str, message: str) -> None:
         """An item of a stored page that could not be stored."""
         self.record_action(url, key, Outcome.ITEM_ERROR, error=message)
+
+    def store_made(self, fetch: Fetch) -> None:
+        """Store a record the crawl made rather than fetched (an image's thumbnail,
+        ``pipelines/archive_images.py``): archived and cataloged as a fetch is, with no
+        action-log line, since nothing was fetched (``archive/made``). Raises
+        StoreError when the writer cannot take it (the crawl stops, as for a fetch)."""
+        fetch.parsed = False
+        try:
+            self.session.put(fetch)
+        except StoreError as exc:
+            self._fail(str(exc))
+            raise
+        self._inc("archive/made")

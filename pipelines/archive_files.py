@@ -6,13 +6,18 @@ passes through the storage middleware like any response, so its body is an archi
 record with its catalog row already. The item's ``files`` field says ``url``, ``path``,
 ``checksum`` (MD5 of the body) and ``status`` as Scrapy documents; ``path`` is the
 download's catalog key and extension (``<key>.pdf``), which ``scrapy catalog`` tools and
-``DataDir.read`` resolve. Whether a file is downloaded already is the catalog's answer:
-a stored key is ``uptodate`` until ``FILES_EXPIRES`` days after its fetch.
+``DataDir.read`` resolve. Whether a file is downloaded already is the catalog's answer
+(:class:`ArchiveMedia`, shared with ``pipelines/archive_images.py``): a stored key is
+``uptodate`` until ``FILES_EXPIRES`` days after its fetch; then it is revalidated
+(fetched again, or refreshed by a 304).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
@@ -22,8 +27,9 @@ from twisted.internet.threads import deferToThread
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
-from extensions.storage import catalog_key
+from extensions.storage import StorageExtension, catalog_key
 
+logger = logging.getLogger(__name__)
 SCHEME = "archive"
 
 
@@ -39,6 +45,9 @@ class ArchiveFilesStore:
     def __init__(self, uri: str):
         self.uri = uri
         self.datadir: DataDir | None = None  # set by the pipeline from DATA_DIR
+        # The keys of the records made from a download (an image's thumbnails): a
+        # download is complete once they are stored too.
+        self.made_keys: Callable[[str], list[str]] = lambda key: []
 
     def persist_file(self, path: str, buf, info, meta=None, headers=None) -> None:
         # The response is archived and cataloged by the storage middleware already.
@@ -54,27 +63,87 @@ class ArchiveFilesStore:
             return {}
         with Catalog(catalog_path, readonly=True) as catalog:
             row = catalog.get(key)
-        if row is None:
+            made = self.made_keys(key)
+            missing = bool(made) and len(catalog.present(made)) < len(made)
+        if row is None or row.status != 200 or missing:
+            # Not downloaded, an error page, or its thumbnails not stored: requested,
+            # and answered from the archive when stored (ArchiveMedia).
             return {}
         body = self.datadir.read(row).body
         fetched = datetime.fromisoformat(row.fetched_at.replace("Z", "+00:00")).timestamp()
         return {"last_modified": fetched, "checksum": hashlib.md5(body).hexdigest()}  # noqa: S324
 
 
-class ArchiveFilesPipeline(FilesPipeline):
-    """``FilesPipeline`` that knows the ``archive://`` store and names files by key."""
+class ArchiveMedia:
+    """What FilesPipeline and ImagesPipeline share with the ``archive://`` store: the
+    storage extension, paths named by catalog keys, and the catalog's answer to
+    "downloaded already?"."""
 
     STORE_SCHEMES = {**FilesPipeline.STORE_SCHEMES, SCHEME: ArchiveFilesStore}
 
     @classmethod
     def from_crawler(cls, crawler):
         pipeline = super().from_crawler(crawler)
-        if isinstance(pipeline.store, ArchiveFilesStore):
+        pipeline.storage = None
+        if pipeline.archived:
+            pipeline.storage = StorageExtension.of(crawler)
+            if pipeline.storage is None:
+                raise ValueError(
+                    f"{cls.__name__}: the archive:// store keeps downloads in the archive, "
+                    "which needs the storage extension (ARCHIVE_ENABLED is off)"
+                )
             pipeline.store.datadir = DataDir.from_settings(crawler.settings)
         return pipeline
 
+    @property
+    def archived(self) -> bool:
+        return isinstance(self.store, ArchiveFilesStore)
+
     def file_path(self, request, response=None, info=None, *, item=None) -> str:
-        default = super().file_path(request, response, info, item=item)
-        if not isinstance(self.store, ArchiveFilesStore):
-            return default
+        # FilesPipeline's name: its extension is the URL's (ImagesPipeline's is .jpg).
+        default = FilesPipeline.file_path(self, request, response, info, item=item)
+        if not self.archived:
+            return super().file_path(request, response, info, item=item)
         return catalog_key(request) + PurePosixPath(default).suffix
+
+    def media_to_download(self, request, info, *, item=None):
+        if not self.archived:
+            return super().media_to_download(request, info, item=item)
+        path = self.file_path(request, info=info, item=item)
+        dfd = self.store.stat_file(path, info)
+        dfd.addCallback(self._stored, request, path)
+        dfd.addErrback(self._stat_failed, request)
+        return dfd
+
+    def _stored(self, stat: dict, request, path: str) -> dict | None:
+        meta = request.meta
+        # What is requested is answered from the archive when it is stored (a replay:
+        # its thumbnails are made again), never skipped as stored.
+        meta["catalog_replay"] = True
+        fetched = stat.get("last_modified")
+        if not fetched:
+            return None
+        if (time.time() - fetched) / 86400 > self.expires:
+            meta["catalog_revalidate"] = True  # expired: fetched again, or a 304
+            return None
+        self.inc_stats("uptodate")
+        return {
+            "url": request.url,
+            "path": path,
+            "checksum": stat["checksum"],
+            "status": "uptodate",
+        }
+
+    def _stat_failed(self, failure, request) -> None:
+        logger.error(
+            "%s: cannot look %s up in the catalog: %s; downloading it",
+            type(self).__name__,
+            request.url,
+            failure.getErrorMessage(),
+        )
+        request.meta["catalog_replay"] = True
+        return None
+
+
+class ArchiveFilesPipeline(ArchiveMedia, FilesPipeline):
+    """``FilesPipeline`` that knows the ``archive://`` store and names files by key."""

@@ -549,6 +549,11 @@ class ItemStore:
     def hold(self, row) -> None:
         self.held[row.key] = row
 
+    def unparsed(self, row) -> None:
+        """Queue the row of a response no callback parses: it has no items to wait for."""
+        self._new.append(row.key)
+        self._upsert(row)
+
     def done(self, page: PageItems) -> None:
         row = self.held.pop(page.key, None)
         if row is None and not page.replace:

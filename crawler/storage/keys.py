@@ -6,6 +6,12 @@ followed by the request body. The canonical URL is w3lib's ``canonicalize_url`` 
 fragments dropped: scheme and host lowercased, default port removed, query arguments
 sorted, percent-encoding normalised. The key names the request *as listed*, never the
 URL a redirect ended at, so a resumed crawl recognises the URLs of its list.
+
+A record the crawl makes rather than fetches (an image's thumbnail) has a URL on a
+host no crawl can fetch, ``http://thumbs.invalid/<thumb id>/<the image's key>`` (the
+``.invalid`` domain never resolves, RFC 6761), and its key is that URL's key: no
+fetched URL shares it, SQL finds an image's thumbnails by their URLs, and WARC readers
+and replay tools read the record as they read any HTTP response.
 """
 
 from __future__ import annotations
@@ -90,3 +96,17 @@ def request_key(url: str, method: str = "GET", body: bytes = b"") -> str:
     h = hashlib.sha256(method.upper().encode("ascii") + b" " + canon + b"\n")
     h.update(body)
     return h.hexdigest()
+
+
+# Where thumbnails' URLs start (see the module's docstring).
+THUMB_PREFIX = "http://thumbs.invalid/"
+
+
+def thumb_url(image_key: str, thumb_id: str) -> str:
+    """The URL of thumbnail ``thumb_id`` of the image stored under ``image_key``."""
+    return f"{THUMB_PREFIX}{thumb_id}/{image_key}"
+
+
+def thumb_key(image_key: str, thumb_id: str) -> str:
+    """The catalog key of thumbnail ``thumb_id`` of the image stored under ``image_key``."""
+    return request_key(thumb_url(image_key, thumb_id))

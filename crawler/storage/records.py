@@ -45,6 +45,9 @@ class Fetch:
     rendered_type: str = "text/html; charset=utf-8"
     # The redirects followed from ``url`` to ``final_url``, in order.
     redirects: list[Hop] = field(default_factory=list)
+    # False: no spider callback parses it (a download of Scrapy's FilesPipeline, a
+    # thumbnail), so its row is committed without waiting for the page's items.
+    parsed: bool = True
 
 
 @dataclass

@@ -182,10 +182,14 @@ class Store:
             row = self.archive.write_fetch(fetch)
             if self._recent is not None and not row.rendered:
                 self._recent[row.payload_digest] = row
-        if self.items is not None:
+        if self.items is not None and fetch.parsed:
             if action is not None:
                 self._held_actions[row.key] = action
             self.items.hold(row)
+        elif self.items is not None:
+            if action is not None:
+                self._actions.append(action)
+            self.items.unparsed(row)
         else:
             if action is not None:
                 self._actions.append(action)

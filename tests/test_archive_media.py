@@ -1,0 +1,264 @@
+"""FILES_STORE / IMAGES_STORE = archive://: 300 documents and 100 images (with two
+thumbnails each) kept as archived records and catalog rows, never as loose files.
+
+Every check reads the data directory as a third party would (tests/thirdparty.py):
+sqlite3 for the catalog, a seek and warcio (or the sqlite3 shell) for each record,
+Pillow for the thumbnails."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from PIL import Image
+from scrapy.utils.defer import deferred_f_from_coro_f
+
+from tests.conftest import ROOT, crawl_command, crawl_env, kill_group, run_crawl, write_urls
+from tests.crawls import crawl
+from tests.faults import committed_rows, kill_moments, wait_for_rows
+from tests.media_site import (
+    DOCS_PER_PAGE,
+    IMAGES_PER_PAGE,
+    THUMBS,
+    MediaSite,
+    MediaSpider,
+    image_path,
+)
+from tests.thirdparty import record_problem
+
+PAGES = 10
+DOCS = PAGES * DOCS_PER_PAGE  # 300
+IMAGES = PAGES * IMAGES_PER_PAGE  # 100
+# What a data directory holds besides its archive files.
+OWN_FILES = {"metadata.db", "metadata.db-wal", "metadata.db-shm", ".lock"}
+OWN_FILES |= {"fetch_log.jsonl", "runs.jsonl"}
+THUMB_URL = "http://thumbs.invalid/"
+
+
+@pytest.fixture
+def media_site():
+    site = MediaSite()
+    site.start()
+    yield site
+    site.stop()
+
+
+def listing_urls(site: MediaSite, run: int) -> list[str]:
+    # Another query each run: a stored listing page is not parsed again.
+    return [f"{site.base_url}/list/{page}.html?run={run}" for page in range(PAGES)]
+
+
+def items_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def media_crawl(site, data_dir, tmp_path, run: int, **settings) -> list[dict]:
+    urls = write_urls(tmp_path / f"urls{run}.txt", listing_urls(site, run))
+    feed = tmp_path / f"items{run}.jsonl"
+    settings = {"FEEDS": {str(feed): {"format": "jsonl"}}, **settings}
+    await crawl(MediaSpider, data_dir, settings, urls=str(urls))
+    items = items_of(feed)
+    assert len(items) == PAGES
+    return items
+
+
+def catalog(data_dir: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{data_dir / 'metadata.db'}?mode=ro", uri=True)
+
+
+def stored_body(data_dir: Path, where: str, params: tuple) -> bytes:
+    """The body of the one row matching ``where``, read as a third party reads it."""
+    with contextlib.closing(catalog(data_dir)) as db:
+        found = db.execute(
+            f'SELECT archive, "offset", length FROM artifacts WHERE {where}', params
+        ).fetchall()
+    assert len(found) == 1, f"{where} {params}: {len(found)} rows"
+    problem, body = record_problem(data_dir, *found[0])
+    assert not problem, problem
+    return body
+
+
+def expected_thumb_size(served: bytes, box: tuple[int, int]) -> tuple[int, int]:
+    picture = Image.open(io.BytesIO(served))
+    picture.thumbnail(box)
+    return picture.size
+
+
+def assert_thumbs(data_dir: Path, image_key: str, served: bytes) -> None:
+    for thumb_id, box in THUMBS.items():
+        url = f"{THUMB_URL}{thumb_id}/{image_key}"
+        thumb = Image.open(io.BytesIO(stored_body(data_dir, "url = ?", (url,))))
+        assert thumb.format == "JPEG"
+        assert thumb.size == expected_thumb_size(served, box), url
+
+
+def assert_entries_resolve(site, data_dir: Path, items: list[dict], status: str) -> None:
+    """Each ``files``/``images`` entry: its checksum is the served bytes', its path's
+    key names a row whose record holds them; each image has its thumbnails."""
+    docs = [e for item in items for e in item["files"]]
+    images = [e for item in items for e in item["images"]]
+    assert len(docs) == DOCS and len(images) == IMAGES
+    for entry in docs + images:
+        served = site.payload(urlsplit(entry["url"]).path)
+        assert entry["status"] == status, entry
+        assert entry["checksum"] == hashlib.md5(served).hexdigest(), entry  # noqa: S324
+        key = Path(entry["path"]).name.split(".", 1)[0]
+        assert stored_body(data_dir, "key = ?", (key,)) == served, entry
+        if entry in images:
+            assert_thumbs(data_dir, key, served)
+
+
+def entries(items: list[dict]) -> dict[str, tuple[str, str]]:
+    return {e["url"]: (e["path"], e["checksum"]) for i in items for e in i["files"] + i["images"]}
+
+
+def assert_no_loose_file(data_dir: Path) -> None:
+    """The data directory holds its catalog, logs and the archive files rows name."""
+    with contextlib.closing(catalog(data_dir)) as db:
+        named = {a for (a,) in db.execute("SELECT DISTINCT archive FROM artifacts")}
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(data_dir):
+        rel = Path(dirpath).relative_to(data_dir)
+        assert str(rel) in (".", "archive") and set(dirnames) <= {"archive"}, (rel, dirnames)
+        found |= {str(rel / name) for name in filenames}
+    archives = {f for f in found if f.startswith("archive/")}
+    assert archives == named, archives ^ named
+    assert found - archives <= OWN_FILES, found - archives - OWN_FILES
+    # Nor a FILES_STORE directory of Scrapy's anywhere.
+    assert not (ROOT / "archive:").exists() and not list(data_dir.parent.glob("**/full"))
+
+
+@deferred_f_from_coro_f
+async def test_documents_and_images_are_records_and_rows_and_a_second_crawl_fetches_none(
+    media_site, data_dir, tmp_path
+):
+    items = await media_crawl(media_site, data_dir, tmp_path, 1)
+    assert_entries_resolve(media_site, data_dir, items, "downloaded")
+    assert_no_loose_file(data_dir)
+    with contextlib.closing(catalog(data_dir)) as db:
+        (thumbs,) = db.execute(
+            "SELECT count(*) FROM artifacts WHERE url LIKE 'http://thumbs.invalid/%'"
+        ).fetchone()
+    assert thumbs == IMAGES * len(THUMBS)
+    assert media_site.media_requests() == DOCS + IMAGES
+
+    again = await media_crawl(media_site, data_dir, tmp_path, 2)
+    assert media_site.media_requests() == DOCS + IMAGES  # none downloaded again
+    assert_entries_resolve(media_site, data_dir, again, "uptodate")
+    assert entries(again) == entries(items)
+    assert_no_loose_file(data_dir)
+
+
+@deferred_f_from_coro_f
+async def test_an_image_stored_without_its_thumbnails_is_replayed_not_fetched(
+    media_site, data_dir, tmp_path
+):
+    await media_crawl(media_site, data_dir, tmp_path, 1)
+    with contextlib.closing(sqlite3.connect(data_dir / "metadata.db")) as db, db:
+        gone = db.execute(
+            "DELETE FROM artifacts WHERE url LIKE 'http://thumbs.invalid/small/%'"
+        ).rowcount
+    assert gone == IMAGES
+    again = await media_crawl(media_site, data_dir, tmp_path, 2)
+    assert media_site.media_requests() == DOCS + IMAGES
+    assert {e["status"] for i in again for e in i["images"]} == {"cached"}
+    assert {e["status"] for i in again for e in i["files"]} == {"uptodate"}
+    for entry in [e for i in again for e in i["images"]]:
+        key = Path(entry["path"]).name.split(".", 1)[0]
+        assert_thumbs(data_dir, key, media_site.payload(urlsplit(entry["url"]).path))
+
+
+@deferred_f_from_coro_f
+async def test_expired_downloads_are_fetched_again(media_site, data_dir, tmp_path):
+    await media_crawl(media_site, data_dir, tmp_path, 1)
+    expired = {"FILES_EXPIRES": 0, "IMAGES_EXPIRES": 0}
+    again = await media_crawl(media_site, data_dir, tmp_path, 2, **expired)
+    assert media_site.media_requests() == 2 * (DOCS + IMAGES)
+    assert_entries_resolve(media_site, data_dir, again, "downloaded")
+
+
+# -- kills --------------------------------------------------------------------------------
+
+
+def start(url_file, data_dir, log_path) -> subprocess.Popen:
+    args = ("-s", "SPIDER_MODULES=spiders,tests.media_site", "-s", "CATALOG_BATCH_SIZE=5")
+    with open(log_path, "w") as log:
+        return subprocess.Popen(
+            crawl_command(url_file, data_dir, *args, spider="media"),
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=crawl_env(),
+            start_new_session=True,
+        )
+
+
+def committed_media(site, data_dir: Path) -> dict[str, bytes]:
+    """URL -> body of every committed document and image (thumbnails checked too);
+    every committed row reads back, holding what was served (or a thumbnail of it)."""
+    with contextlib.closing(catalog(data_dir)) as db:
+        rows = db.execute('SELECT key, url, archive, "offset", length FROM artifacts').fetchall()
+    by_key = {}
+    for key, url, archive, offset, length in rows:
+        problem, body = record_problem(data_dir, archive, offset, length)
+        assert not problem, f"{url}: {problem}"
+        by_key[key] = (url, body)
+    media = {}
+    for url, body in by_key.values():
+        if url.startswith(THUMB_URL):
+            thumb_id, image_key = url[len(THUMB_URL) :].split("/")
+            served = site.payload(urlsplit(by_key[image_key][0]).path)
+            assert Image.open(io.BytesIO(body)).size == expected_thumb_size(
+                served, THUMBS[thumb_id]
+            )
+            continue
+        assert body == site.payload(urlsplit(url).path), url
+        if "/list/" not in url:
+            media[url] = body
+    return media
+
+
+@pytest.mark.parametrize("whole_tree", [True, False], ids=["whole-tree", "crawl-alone"])
+def test_a_kill_loses_no_committed_download(tmp_path, data_dir, whole_tree):
+    site = MediaSite(delay=0.01)
+    site.start()
+    try:
+        url_file = write_urls(tmp_path / "urls.txt", listing_urls(site, 1))
+        with kill_moments() as rng:
+            proc = start(url_file, data_dir, tmp_path / "crawl0.log")
+            wait_for_rows(data_dir, rng.randint(20, 250), proc)
+            if whole_tree:
+                kill_group(proc, signal.SIGKILL)
+            else:
+                os.kill(proc.pid, signal.SIGKILL)  # the writer process lives on, and ends
+                proc.wait(timeout=60)
+            kept = committed_media(site, data_dir)
+            assert 0 < len(kept) < DOCS + IMAGES, len(kept)
+        result = run_crawl(
+            url_file, data_dir, "-s", "SPIDER_MODULES=spiders,tests.media_site", spider="media"
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        after = committed_media(site, data_dir)
+        assert len(after) == DOCS + IMAGES
+        assert committed_rows(data_dir) == PAGES + DOCS + IMAGES * (1 + len(THUMBS))
+        # What was committed before the kill is intact and was not downloaded again.
+        assert {url: after[url] for url in kept} == kept
+        assert [u for u in kept if site.counts[urlsplit(u).path] != 1] == []
+        assert_no_loose_file(data_dir)
+    finally:
+        site.stop()
+
+
+def test_the_site_serves_what_it_lists(media_site):
+    paths = {image_path(n) for n in range(IMAGES)}
+    assert all(media_site.payload(p)[:4] in (b"\x89PNG", b"\xff\xd8\xff\xe0") for p in paths)
+    assert media_site.payload("/doc/7.pdf").startswith(b"%PDF-1.4")
