@@ -9,6 +9,8 @@
   ``lease_sqlite`` and ``lease_postgres`` implement it, side by side.
 - ``leases``: one process's leases (LeasePool): rotation, bans, heartbeat, waiting.
 - ``workqueue``: URL lists that tasks lease in batches (queue mode).
+- ``hostbudget``: per-host request interval, concurrency and back-off shared by every
+  process (host slots), and robots.txt fetched once per cluster.
 - ``admin``: what ``scrapy proxies`` and ``scrapy queue`` run.
 
 No Scrapy in here: tools, tests and benchmarks use the hub directly.

@@ -23,3 +23,5 @@ class AdvisoryLock(IntEnum):
     JOB_SCHEMA = 7302519003
     # Creating or upgrading the work-queue tables.
     WORK_SCHEMA = 7302519004
+    # Creating or upgrading the host-budget tables.
+    HOST_SCHEMA = 7302519005
