@@ -123,6 +123,10 @@ DOWNLOADER_MIDDLEWARES = {
     "middlewares.redirect_hops.RedirectHopsMiddleware": 610,
     # Before HttpProxyMiddleware (750), which reads the proxy it sets.
     "middlewares.proxy_lease.ProxyLeaseMiddleware": 740,
+    # After the proxy lease (a budget may be per host and proxy), last before the
+    # download: a request holds its host's slot only while it is on the wire, and sees
+    # the answer (a Retry-After) before any retry.
+    "middlewares.host_budget.HostBudgetMiddleware": 745,
 }
 
 # Every request ends with an outcome line, whichever component gave up on it
@@ -217,6 +221,30 @@ PROXY_MAX_BAN_RETRIES = 3
 # long, and when the next proxy's rest or ban ends (`scrapy proxies unban` lifts bans).
 PROXY_POLL_SECONDS = 2.0
 PROXY_WAIT_LOG_SECONDS = 30.0
+
+# --- Host budgets (middlewares/host_budget.py, crawler/hub/hostbudget.py) -------------
+# DOWNLOAD_DELAY and CONCURRENT_REQUESTS_PER_DOMAIN hold for a host across every process
+# sharing HUB_URL (without one, within this process): each request waits for a slot of
+# its host's budget in the hub. False: each process keeps its own limits, as in Scrapy.
+HOST_BUDGET_ENABLED = True
+# True: the budget is per (host, proxy) when requests go through leased proxies, each
+# proxy looking like one visitor to the host.
+HOST_BUDGET_PER_PROXY = False
+# A slot held by a process runs out this many seconds after its last renewal (renewed
+# every third of it), so a killed process's slots come back by themselves.
+HOST_SLOT_TTL = 30.0
+# Send times a process takes at once: about this many seconds of a host's schedule.
+HOST_SLOT_SECONDS = 10.0
+# While requests wait for a host whose slots others hold, the hub is asked again at
+# most this many seconds apart.
+HOST_POLL_SECONDS = 1.0
+# The longest robots.txt Crawl-delay kept to (a longer one is logged and capped).
+HOST_CRAWL_DELAY_MAX = 30.0
+# The longest Retry-After (of a 429 or 503) every process waits for a host.
+HOST_RETRY_AFTER_MAX = 600.0
+# robots.txt is fetched once per host per cluster and shared through the hub; a stored
+# one older than this many seconds is fetched again.
+HOST_ROBOTS_TTL = 86400.0
 
 FEED_EXPORT_ENCODING = "utf-8"
 

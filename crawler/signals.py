@@ -1,5 +1,7 @@
 """Signals of the project (send them with ``crawler.signals.send_catch_log``)."""
 
+from crawler.storage.actionlog import NOT_FINAL
+
 # An attempt to record in the action log. Arguments: url, key, outcome, and any of
 # attempt, status, error, elapsed_ms, bytes, depth.
 action = object()
@@ -27,7 +29,7 @@ FINAL_OUTCOME = "catalog_outcome"
 
 def mark_final(request, outcome: str) -> None:
     """Note that ``request`` has its outcome line (a retry is not final)."""
-    if outcome != "retry":
+    if outcome not in NOT_FINAL:
         request.meta[FINAL_OUTCOME] = outcome
 
 

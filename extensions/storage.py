@@ -38,7 +38,7 @@ from crawler import signals as crawler_signals
 from crawler.hub.db import hub_url
 from crawler.reparse.responses import build_response
 from crawler.runsettings import crawl_settings
-from crawler.storage.actionlog import OUTCOMES, Outcome
+from crawler.storage.actionlog import NOT_FINAL, OUTCOMES, Outcome
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.items import parsed_keys
 from crawler.storage.keys import request_key
@@ -233,7 +233,7 @@ class StorageExtension:
         self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
     ) -> None:
         """One line of the action log, counted (``actions/<outcome>``)."""
-        if key is not None and outcome != Outcome.RETRY and outcome != Outcome.ITEM_ERROR:
+        if key is not None and outcome not in NOT_FINAL:
             self._finished.add(hash(key))
         self._count(outcome, depth)
         log = self.session.log
@@ -305,7 +305,7 @@ class StorageExtension:
 
     def _count(self, outcome: str, depth: int) -> None:
         self._inc(f"actions/{outcome}")
-        if outcome != Outcome.RETRY and outcome != Outcome.ITEM_ERROR and depth == 0:
+        if outcome not in NOT_FINAL and depth == 0:
             self._inc("progress/list_done")
 
     def _push_counts(self) -> None:

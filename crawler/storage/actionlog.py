@@ -30,9 +30,14 @@ class Outcome(StrEnum):
     # revisit record referring to it (listed last: the end summary's older figures
     # keep their order).
     UNCHANGED = "unchanged"
+    # Requests waited for their host's budget (middlewares/host_budget.py): one line per
+    # wait episode, naming the host and why; its URL is the first request that waited.
+    HOST_WAIT = "host_wait"
 
 
 OUTCOMES = tuple(Outcome)
+# Lines that are not a URL's final outcome: a URL has one final line besides these.
+NOT_FINAL = frozenset({Outcome.RETRY, Outcome.ITEM_ERROR, Outcome.HOST_WAIT})
 # Fetch attempts that failed (the report groups their errors by host).
 FAILED = frozenset({Outcome.RETRY, Outcome.ERROR})
 _encode = json.JSONEncoder(ensure_ascii=False).encode

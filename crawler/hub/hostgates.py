@@ -1,0 +1,475 @@
+"""One process's side of the host budgets: requests wait at their host's gate until a
+slot of the hub's (``crawler.hub.hostbudget``) lets them go.
+
+A gate per budget key holds the slots this process took, each with its send times, and
+the requests waiting. A request goes when a slot of its key has no request in flight,
+its next send time has come and no back-off holds the key; the slot then carries that
+request until it finishes. Asks for slots of many keys go to the hub in one call, and so
+do releases and renewals; one call at a time, in the runner's thread, so that the hub
+sees them in the order they were made (a back-off is written before the slot that met
+it is released). A slot is used only while this process knows it alive: until its TTL
+from the last renewal that succeeded, counted from when that renewal was sent. A hub
+that cannot be reached so lets every slot run out here before any other process could
+be given it.
+
+Waits are told in episodes: one from the moment a key has a request that cannot go at
+once until the key has no request waiting, with every reason that held requests back.
+An episode is told only when something beyond the process's own pace held it: a
+back-off, a Crawl-delay, other processes holding the host's slots, or the hub's answer
+for a second or more; a wait for the process's own ``DOWNLOAD_DELAY`` or AutoThrottle
+delay, which Scrapy's slot would have made as well, is not.
+
+No Scrapy here: the middleware (``middlewares/host_budget.py``) gives it a clock on the
+reactor and a thread, and tests give it their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from crawler.hub.hostbudget import HostAnswer, HostAsk, HostBudgetStore, HostSlot, slots_for
+from crawler.hub.leases import Clock, Runner, Timer
+
+logger = logging.getLogger(__name__)
+
+# A slot is not used in the last moments of the TTL it is known to have: a request sent
+# then could still be on its way when another process is given the slot.
+EXPIRY_MARGIN = 0.1
+# Asking again for a slot within this many seconds of an answer that gave none.
+MIN_RETRY = 0.05
+ASKING = "asking the hub"
+# A wait only for the hub's answer is told when it lasts this long: every host's first
+# request waits for one, and a line per host would drown the ones that matter.
+ASKING_WAIT_TOLD = 1.0
+
+
+@dataclass
+class GateConfig:
+    ttl: float = 30.0
+    slot_seconds: float = 10.0  # send times asked at once: this long of a host's schedule
+    poll_seconds: float = 1.0  # at most this long between asks while requests wait
+    # A slot with no request waiting is kept this long for the next one: a host's
+    # requests that come one after another then take one slot, not one each.
+    linger_seconds: float = 0.5
+
+    @property
+    def heartbeat(self) -> float:
+        return self.ttl / 3
+
+
+@dataclass
+class WaitEpisode:
+    """Requests of one key that could not go at once, from the first until none waits."""
+
+    key: str
+    url: str
+    reason: str
+    started: float
+    requests: int = 1
+    seconds: float = 0.0
+    told: bool = False  # something beyond the process's own pace held it
+
+    def saw(self, reason: str, told: bool) -> None:
+        """Another reason held requests back in this episode: all are told, in order."""
+        self.told = self.told or told
+        if reason != ASKING and reason not in self.reason.split("; "):
+            self.reason = reason if self.reason == ASKING else f"{self.reason}; {reason}"
+
+
+class GateEvents:
+    """What the gates tell their owner; every method does nothing here."""
+
+    def wait_ended(self, episode: WaitEpisode) -> None:
+        """A wait episode is over (or the gates close with it open)."""
+
+    def hub_failed(self, error: Exception, doing: str) -> None:
+        """A hub call failed; slots run out here, asks are made again."""
+
+    def slot_lost(self, key: str) -> None:
+        """A slot was found run out at renewal (taken over after its TTL)."""
+
+
+@dataclass
+class _Slot:
+    slot: HostSlot
+    start: float  # local clock of its first send time
+    expires: float  # local clock; only ever moved by a renewal that succeeded
+    used: int = 0
+    busy: bool = False
+    idle_since: float = 0.0
+
+    def next_time(self) -> float | None:
+        """When its next send may go, or None when it has no more."""
+        if self.slot.interval <= 0:
+            return self.start
+        if self.used >= self.slot.count:
+            return None
+        return self.start + self.used * self.slot.interval
+
+
+@dataclass
+class _Gate:
+    key: str
+    interval: float
+    concurrency: int
+    waiters: deque = field(default_factory=deque)  # (url, go callback)
+    slots: list[_Slot] = field(default_factory=list)
+    asking: bool = False
+    retry_at: float = 0.0
+    timer: Timer | None = None
+    backoff_until: float = 0.0
+    backoff_reason: str | None = None
+    episode: WaitEpisode | None = None
+    why: str = ""
+
+
+class HostGates:
+    def __init__(
+        self,
+        store: HostBudgetStore,
+        holder: str,
+        config: GateConfig,
+        clock: Clock,
+        runner: Runner,
+        events: GateEvents | None = None,
+    ) -> None:
+        self.store = store
+        self.holder = holder
+        self.config = config
+        self.clock = clock
+        self.runner = runner
+        self.events = events or GateEvents()
+        self._gates: dict[str, _Gate] = {}
+        self._asks: dict[str, HostAsk] = {}
+        self._releases: list[tuple[int, float | None]] = []
+        self._busy = False  # a hub call is out
+        self._queue: deque[Callable[[], None]] = deque()
+        self._beat: Timer | None = None
+        self.closed = False
+        self.hub_calls = 0
+
+    # --- requests -------------------------------------------------------------------
+    def wait(
+        self,
+        key: str,
+        url: str,
+        interval: float,
+        concurrency: int,
+        go: Callable[[_Slot], None],
+        why: str = "",
+    ) -> None:
+        """Call *go* with the slot a request of *key* is to go through, once it may;
+        *why*: where *interval* comes from (``Crawl-delay 2 s``), for wait episodes."""
+        gate = self._gates.get(key)
+        if gate is None:
+            gate = self._gates[key] = _Gate(key, interval, concurrency)
+        gate.interval, gate.concurrency = interval, max(concurrency, 1)
+        gate.why = why or f"interval {interval:g} s"
+        went: list[bool] = []
+
+        def go_once(slot: _Slot) -> None:
+            went.append(True)
+            go(slot)
+
+        gate.waiters.append((url, go_once))
+        self._dispatch(gate)
+        if went:
+            return
+        if gate.episode is None:
+            reason, told = self._reason(gate)
+            gate.episode = WaitEpisode(key, url, reason, self.clock.now(), told=told)
+        else:
+            gate.episode.requests += 1
+
+    def done(self, key: str, slot: _Slot) -> None:
+        """The request that went through *slot* has finished."""
+        slot.busy = False
+        slot.idle_since = self.clock.now()
+        gate = self._gates.get(key)
+        if gate is not None:
+            self._dispatch(gate)
+
+    def back_off(self, key: str, seconds: float, reason: str) -> None:
+        """The host said to wait *seconds*: no slot of this process sends meanwhile, and
+        the hub is told before any slot of the key is released."""
+        gate = self._gates.get(key)
+        if gate is not None:
+            until = self.clock.now() + seconds
+            if until > gate.backoff_until:
+                gate.backoff_until, gate.backoff_reason = until, reason
+        self._call(lambda: self.store.back_off(key, seconds, reason), lambda _: None, "backing off")
+
+    def crawl_delay(self, key: str, delay: float | None, fetched_here: bool) -> None:
+        """robots.txt of *key*'s host asks for *delay* seconds between requests: slots
+        taken under a shorter interval are given up, and (by the process that fetched
+        it) the hub's schedule of the key waits for it."""
+        gate = self._gates.get(key)
+        if gate is not None and delay:
+            gate.interval = max(gate.interval, delay)
+            for slot in gate.slots:
+                if slot.slot.interval < delay:
+                    slot.expires = min(slot.expires, self.clock.now())
+        if fetched_here:
+            self._call(
+                lambda: self.store.set_crawl_delay(key, delay), lambda _: None, "setting a delay"
+            )
+        if gate is not None:
+            self._dispatch(gate)
+
+    # --- the schedule ------------------------------------------------------------------
+    def _dispatch(self, gate: _Gate) -> None:
+        if self.closed:
+            return
+        now = self.clock.now()
+        wake: float | None = None
+        while gate.waiters:
+            slot, at = self._usable(gate, now)
+            if slot is None:
+                break
+            at = max(at, gate.backoff_until)
+            if at > now:
+                wake = at
+                break
+            slot.used += 1
+            slot.busy = True
+            _, go = gate.waiters.popleft()
+            go(slot)
+        linger = self._drop_spent(gate, now)
+        if gate.waiters:
+            if gate.episode is not None:
+                gate.episode.saw(*self._reason(gate))
+            if wake is None and not gate.asking:
+                if now >= gate.retry_at:
+                    self._ask(gate)
+                else:
+                    wake = gate.retry_at
+            self._wake_at(gate, wake)
+        else:
+            self._wake_at(gate, linger)
+            self._episode_over(gate, now)
+
+    def _usable(self, gate: _Gate, now: float) -> tuple[_Slot | None, float]:
+        """The free slot whose next send time comes first, and that time."""
+        best: _Slot | None = None
+        best_at = 0.0
+        for slot in gate.slots:
+            at = slot.next_time()
+            if slot.busy or at is None or slot.expires - EXPIRY_MARGIN <= max(at, now):
+                continue
+            if best is None or at < best_at:
+                best, best_at = slot, at
+        return best, best_at
+
+    def _drop_spent(self, gate: _Gate, now: float) -> float | None:
+        """Release the slots with no send time left, run out here, or not needed for
+        ``linger_seconds``; return when the next idle one is due to go."""
+        keep = []
+        due: float | None = None
+        for slot in gate.slots:
+            at = slot.next_time()
+            spent = at is None or slot.expires - EXPIRY_MARGIN <= max(now, at)
+            if not spent and not slot.busy and not gate.waiters:
+                idle_end = slot.idle_since + self.config.linger_seconds
+                if idle_end > now:
+                    due = idle_end if due is None else min(due, idle_end)
+                    keep.append(slot)
+                    continue
+            if slot.busy or not (spent or not gate.waiters):
+                keep.append(slot)
+                continue
+            unused = None if at is None or slot.slot.interval <= 0 else max(at - now, 0.0)
+            self._releases.append((slot.slot.slot_id, unused))
+        gate.slots = keep
+        if self._releases:
+            self._flush()
+        return due
+
+    def _wake_at(self, gate: _Gate, at: float | None) -> None:
+        if at is None:
+            return
+        if gate.timer is not None and gate.timer.active():
+            gate.timer.cancel()
+        gate.timer = self.clock.call_later(max(at - self.clock.now(), 0.0), self._woken(gate))
+
+    def _woken(self, gate: _Gate) -> Callable[[], None]:
+        def fire() -> None:
+            gate.timer = None
+            self._dispatch(gate)
+
+        return fire
+
+    def _reason(self, gate: _Gate) -> tuple[str, bool]:
+        """What holds *gate*'s requests back, and whether it is beyond the process's
+        own pace (see the module's docstring)."""
+        now = self.clock.now()
+        if gate.backoff_until > now:
+            return f"back-off ({gate.backoff_reason})", True
+        if gate.slots and gate.interval > 0 and not all(s.busy for s in gate.slots):
+            return gate.why, gate.why.startswith("Crawl-delay")
+        if gate.slots:
+            return f"concurrency {gate.concurrency}", False
+        if gate.retry_at > now:
+            return "concurrency held by other processes", True
+        return ASKING, False
+
+    def _episode_over(self, gate: _Gate, now: float) -> None:
+        episode, gate.episode = gate.episode, None
+        if episode is not None:
+            episode.seconds = now - episode.started
+            if episode.told or episode.seconds >= ASKING_WAIT_TOLD and episode.reason == ASKING:
+                self.events.wait_ended(episode)
+        # Forget idle keys, so that memory follows the hosts in flight, not all seen.
+        idle = not gate.slots and not gate.asking and gate.timer is None
+        if idle and gate.backoff_until <= now:
+            self._gates.pop(gate.key, None)
+
+    # --- the hub ------------------------------------------------------------------------
+    def _ask(self, gate: _Gate) -> None:
+        wanted = min(len(gate.waiters), gate.concurrency) - sum(1 for s in gate.slots)
+        if wanted <= 0:
+            return
+        count = slots_for(gate.interval, self.config.slot_seconds, len(gate.waiters))
+        gate.asking = True
+        self._asks[gate.key] = HostAsk(
+            gate.key, gate.interval, gate.concurrency, count=count, slots=wanted
+        )
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send what has gathered, one call at a time."""
+        while not self._busy and (self._releases or self._asks or self._queue):
+            self._flush_one()
+
+    def _flush_one(self) -> None:
+        if self._releases:
+            releases, self._releases = self._releases, []
+            self._send(lambda: self.store.release(releases), lambda _: None, "releasing slots")
+        elif self._asks and not self.closed:
+            asks, self._asks = list(self._asks.values()), {}
+            sent = self.clock.now()
+            self._send(
+                lambda: self.store.take(asks, self.holder, self.config.ttl),
+                lambda answers: self._answered(answers, sent),
+                "taking host slots",
+                lambda: self._not_answered(asks),
+            )
+        elif self._queue:
+            self._queue.popleft()()
+        else:
+            self._asks.clear()
+
+    def _call(self, fn: Callable[[], Any], done: Callable[[Any], None], doing: str) -> None:
+        """A call that goes in order with the asks and releases."""
+        self._queue.append(lambda: self._send(fn, done, doing))
+        self._flush()
+
+    def _send(
+        self,
+        fn: Callable[[], Any],
+        done: Callable[[Any], None],
+        doing: str,
+        failed: Callable[[], None] | None = None,
+    ) -> None:
+        self._busy = True
+        self.hub_calls += 1
+
+        def ok(result: Any) -> None:
+            self._busy = False
+            done(result)
+            self._flush()
+
+        def bad(error: Exception) -> None:
+            self._busy = False
+            self.events.hub_failed(error, doing)
+            if failed is not None:
+                failed()
+            self._flush()
+
+        self.runner.run(fn, ok, bad)
+
+    def _answered(self, answers: list[HostAnswer], sent: float) -> None:
+        now = self.clock.now()
+        for answer in answers:
+            gate = self._gates.get(answer.key)
+            if gate is None:
+                self._releases.extend((s.slot_id, None) for s in answer.slots)
+                continue
+            gate.asking = False
+            for slot in answer.slots:
+                gate.slots.append(_Slot(slot, now + slot.start, sent + slot.ttl))
+            if answer.backoff_in > 0:
+                until = now + answer.backoff_in
+                if until > gate.backoff_until:
+                    gate.backoff_until, gate.backoff_reason = until, answer.backoff_reason
+            if not answer.slots:
+                wait = min(max(answer.retry_in, MIN_RETRY), self.config.poll_seconds)
+                gate.retry_at = now + wait
+            self._dispatch(gate)
+
+    def _not_answered(self, asks: list[HostAsk]) -> None:
+        now = self.clock.now()
+        for ask in asks:
+            gate = self._gates.get(ask.key)
+            if gate is not None:
+                gate.asking = False
+                gate.retry_at = now + self.config.poll_seconds
+                self._dispatch(gate)
+
+    # --- renewals -----------------------------------------------------------------------
+    def start(self) -> None:
+        self._beat = self.clock.call_later(self.config.heartbeat, self._heartbeat)
+
+    def _heartbeat(self) -> None:
+        self._beat = None
+        if self.closed:
+            return
+        held = {s.slot.slot_id: s for g in self._gates.values() for s in g.slots}
+        sent = self.clock.now()
+
+        def renewed(alive: dict[int, float]) -> None:
+            for slot_id, slot in held.items():
+                gate = self._gates.get(slot.slot.key)
+                if slot_id not in alive:
+                    slot.expires = min(slot.expires, sent)
+                    self.events.slot_lost(slot.slot.key)
+                else:
+                    slot.expires = max(slot.expires, sent + slot.slot.ttl)
+                    if gate is not None and alive[slot_id] > 0:
+                        self.back_off_locally(gate, sent + alive[slot_id])
+            for gate in list(self._gates.values()):
+                self._dispatch(gate)
+
+        if held:
+            self._call(lambda: self.store.renew(held, self.config.ttl), renewed, "renewing")
+        self._beat = self.clock.call_later(self.config.heartbeat, self._heartbeat)
+
+    @staticmethod
+    def back_off_locally(gate: _Gate, until: float) -> None:
+        if until > gate.backoff_until:
+            gate.backoff_until, gate.backoff_reason = until, "told by the hub"
+
+    # --- closing ------------------------------------------------------------------------
+    def close(self, done: Callable[[], None]) -> None:
+        """Release every slot; *done* once the hub has been told (or failed to be)."""
+        now = self.clock.now()
+        for gate in self._gates.values():
+            if gate.timer is not None and gate.timer.active():
+                gate.timer.cancel()
+            gate.waiters.clear()
+            self._episode_over(gate, now)
+            self._releases.extend((s.slot.slot_id, None) for s in gate.slots)
+            gate.slots = []
+        if self._beat is not None and self._beat.active():
+            self._beat.cancel()
+        self.closed = True
+        self._asks.clear()
+        self._queue.append(done)
+        self._flush()
+
+    @property
+    def waiting(self) -> int:
+        return sum(len(g.waiters) for g in self._gates.values())

@@ -1,0 +1,117 @@
+"""Host budgets across crawls: two crawls sharing a hub keep a host to one process's
+limits; a Retry-After stops every crawl asking the host; robots.txt is fetched once and
+its Crawl-delay kept to. Crawls run in this process, on one reactor, each with its own
+data directory and its own connection to the hub, as two processes would."""
+
+from __future__ import annotations
+
+import json
+
+import pytest_twisted
+from twisted.internet.defer import DeferredList
+
+from crawler.storage.actionlog import read as read_log
+from tests.crawls import crawl_site
+from tests.hostservers import HostServers, Reply, max_in_window
+
+QUIET = {
+    "AUTOTHROTTLE_ENABLED": False,
+    "DOWNLOAD_DELAY_JITTER": 0,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+    "RETRY_TIMES": 1,
+}
+
+
+def stored(data_dir) -> set[str]:
+    import sqlite3
+
+    with sqlite3.connect(data_dir / "metadata.db") as db:
+        return {url for (url,) in db.execute("select url from artifacts where status = 200")}
+
+
+async def crawl_together(urls: list[str], tmp_path, settings: dict, crawls: int = 2) -> list:
+    """*crawls* crawls at once, each of every other URL of *urls*."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    runs = [
+        deferred_from_coro(crawl_site(urls[i::crawls], tmp_path / f"data{i}", settings))
+        for i in range(crawls)
+    ]
+    results = await DeferredList(runs, fireOnOneErrback=True, consumeErrors=True)
+    return [crawler for _, crawler in results]
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_crawls_share_one_host_budget(tmp_path):
+    with HostServers(["one.test"], latency=0.05) as hosts:
+        urls = hosts.urls("one.test", 12)
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "HUB_URL": f"sqlite:///{tmp_path}/hub.db",
+            "DOWNLOAD_DELAY": 0.5,
+            "ROBOTSTXT_OBEY": False,
+        }
+        with hosts.resolving():
+            await crawl_together(urls, tmp_path, settings)
+        server = hosts["one.test"]
+        starts = [r.start for r in server.log()]
+        # One crawl alone would send a request every 0.5 s; two, twice as many.
+        assert max_in_window(starts, 2.0) <= 5, starts
+        assert server.max_concurrency() == 1
+    assert stored(tmp_path / "data0") | stored(tmp_path / "data1") == set(urls)
+
+
+@pytest_twisted.ensureDeferred
+async def test_retry_after_holds_every_crawl_then_all_is_stored(tmp_path):
+    def first_is_429(server, path, n):
+        if path == "/page/0.html" and n == 1:
+            return Reply(429, {"Retry-After": "3"})
+        return None
+
+    with HostServers(["busy.test"], latency=0.02, answer=first_is_429) as hosts:
+        urls = hosts.urls("busy.test", 8)
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "HUB_URL": f"sqlite:///{tmp_path}/hub.db",
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+            "ROBOTSTXT_OBEY": False,
+        }
+        with hosts.resolving():
+            await crawl_together(urls, tmp_path, settings)
+        log = hosts["busy.test"].log()
+    answered = next(r for r in log if r.status == 429)
+    after = [r.start - answered.end for r in log if r.start > answered.start]
+    assert after and min(after) >= 3.0 - 0.05, after
+    assert stored(tmp_path / "data0") | stored(tmp_path / "data1") == set(urls)
+    # One line per wait episode says who waited and why.
+    lines = [
+        e
+        for i in (0, 1)
+        for e in read_log(tmp_path / f"data{i}" / "fetch_log.jsonl")
+        if e["outcome"] == "host_wait"
+    ]
+    assert any("Retry-After" in e["reason"] for e in lines), json.dumps(lines, indent=1)
+    assert all(e["host"] == "busy.test" and e["key"] is None for e in lines)
+
+
+@pytest_twisted.ensureDeferred
+async def test_crawl_delay_holds_the_cluster_and_robots_is_fetched_once(tmp_path):
+    robots = "User-agent: *\nCrawl-delay: 1\nDisallow: /private/\n"
+    with HostServers(["slow.test"], latency=0.02, robots=robots) as hosts:
+        urls = hosts.urls("slow.test", 6) + [hosts["slow.test"].url("/private/x.html")]
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "HUB_URL": f"sqlite:///{tmp_path}/hub.db",
+        }
+        with hosts.resolving():
+            await crawl_together(urls, tmp_path, settings, crawls=3)
+        server = hosts["slow.test"]
+        pages = [r.start for r in server.log() if r.path != "/robots.txt"]
+        assert server.hits("/robots.txt") == 1
+        assert server.hits("/private/x.html") == 0
+        gaps = [b - a for a, b in zip(pages, pages[1:], strict=False)]
+        assert len(pages) == 6 and min(gaps) >= 1.0 - 0.05, gaps
+    assert set().union(*(stored(tmp_path / f"data{i}") for i in range(3))) == set(urls[:6])
