@@ -181,7 +181,7 @@ class HostBudgetMiddleware:
         except (HostBudgetConfigError, InvalidHubURLError) as exc:
             raise UsageError(str(exc)) from None
         try:
-            store = HostBudgetStore(self.hub)
+            store = HostBudgetStore.open(self.hub)
         except Exception:
             self.hub.close()
             raise

@@ -14,6 +14,9 @@ from crawler.storage.actionlog import read as read_log
 from tests.crawls import crawl_site
 from tests.hostservers import HostServers, Reply, max_in_window
 
+# The server logs when a request arrives, not when the crawl let it go: connection
+# set-up and a loaded machine move each arrival by up to tenths of a second.
+SLACK = 0.2
 QUIET = {
     "AUTOTHROTTLE_ENABLED": False,
     "DOWNLOAD_DELAY_JITTER": 0,
@@ -83,7 +86,7 @@ async def test_retry_after_holds_every_crawl_then_all_is_stored(tmp_path):
         log = hosts["busy.test"].log()
     answered = next(r for r in log if r.status == 429)
     after = [r.start - answered.end for r in log if r.start > answered.start]
-    assert after and min(after) >= 3.0 - 0.05, after
+    assert after and min(after) >= 3.0 - SLACK, after
     assert stored(tmp_path / "data0") | stored(tmp_path / "data1") == set(urls)
     # One line per wait episode says who waited and why.
     lines = [
@@ -113,5 +116,5 @@ async def test_crawl_delay_holds_the_cluster_and_robots_is_fetched_once(tmp_path
         assert server.hits("/robots.txt") == 1
         assert server.hits("/private/x.html") == 0
         gaps = [b - a for a, b in zip(pages, pages[1:], strict=False)]
-        assert len(pages) == 6 and min(gaps) >= 1.0 - 0.05, gaps
+        assert len(pages) == 6 and min(gaps) >= 1.0 - SLACK, gaps
     assert set().union(*(stored(tmp_path / f"data{i}") for i in range(3))) == set(urls[:6])

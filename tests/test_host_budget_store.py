@@ -19,11 +19,13 @@ A, B = "host-a/1", "host-b/2"
 @pytest.fixture
 def store(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
-        yield HostBudgetStore(hub)
+        yield HostBudgetStore.open(hub)
 
 
 def _r(x: float) -> float:
-    return round(x, 1)
+    """*x* to the half second: the scenario's own steps take a little time, more on a
+    loaded machine, and every figure it checks is a whole second or half of one."""
+    return round(x * 2) / 2
 
 
 def scenario(store: HostBudgetStore) -> list[tuple]:
@@ -34,8 +36,9 @@ def scenario(store: HostBudgetStore) -> list[tuple]:
     seen.append(("slot", _r(slot.start), slot.interval, slot.count))
     (b,) = store.take([HostAsk("a.test", 1.0, 1)], B, ttl=30)
     seen.append(("busy", b.slots, _r(b.retry_in)))
-    # The two unused times go back: the next slot starts one interval after the first.
-    seen.append(("released", store.release([(slot.slot_id, slot.start + 1.0)])))
+    # One request went (just now): the two unused times go back, and the next slot
+    # starts one interval after the request that went.
+    seen.append(("released", store.release([(slot.slot_id, 0.0)])))
     (b,) = store.take([HostAsk("a.test", 1.0, 1, count=1)], B, ttl=30)
     seen.append(("given back", _r(b.slots[0].start)))
     # A back-off holds every later slot until it ends.
@@ -115,19 +118,22 @@ def test_both_backends_answer_alike(store):
 
 def test_concurrent_takers_never_share_a_schedule(store, hub_url):  # noqa: F811
     """Eight threads, each with a connection of its own, take send times of one host at
-    once: every time handed out is at least the interval from every other."""
+    once, and release each slot having sent its first request: every time handed out
+    to a live slot is at least the interval from every other."""
     times: list[float] = []
     lock = threading.Lock()
 
     def taker(n: int) -> None:
         with Hub.open(hub_url) as hub:
-            mine = HostBudgetStore(hub)
+            mine = HostBudgetStore.open(hub)
             for _ in range(5):
-                (answer,) = mine.take([HostAsk("z.test", 0.25, 8, count=3)], f"t/{n}", 30)
+                (answer,) = mine.take([HostAsk("z.test", 0.25, 64, count=3)], f"t/{n}", 30)
                 with lock:
                     for s in answer.slots:
-                        times.extend(answer.hub_now + t for t in s.times())
-                mine.release([(s.slot_id, None) for s in answer.slots])
+                        times.append(answer.hub_now + s.start)
+                # Sent at its first time: the next slot goes an interval after it.
+                sent = [(s.slot_id, hub.now() - answer.hub_now - s.start) for s in answer.slots]
+                mine.release(sent)
 
     threads = [threading.Thread(target=taker, args=(n,)) for n in range(8)]
     for t in threads:
@@ -135,6 +141,6 @@ def test_concurrent_takers_never_share_a_schedule(store, hub_url):  # noqa: F811
     for t in threads:
         t.join()
     times.sort()
-    assert len(times) == 8 * 5 * 3
+    assert len(times) == 8 * 5
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert min(gaps) >= 0.25 - 1e-6

@@ -36,6 +36,115 @@ from crawler.hub.locks import AdvisoryLock
 
 HOST_SCHEMA_VERSION = 1
 
+# On PostgreSQL a take and a release are one call of these functions each: one round
+# trip, where the same steps as statements took five per host (a take of 20 hosts from
+# 16 processes ran 13 calls/s on a loaded 2-core machine). They do what
+# HostBudgetStore.take and .release do, step for step; tests/test_host_budget_store.py
+# holds both backends to the same answers. Keys come sorted: host rows are locked in
+# one order by every caller.
+_PG_TAKE = """(
+    p_keys TEXT[], p_intervals DOUBLE PRECISION[], p_concurrency INTEGER[],
+    p_counts INTEGER[], p_slots INTEGER[], p_holder TEXT, p_ttl DOUBLE PRECISION
+) RETURNS TABLE (o_key TEXT, o_slot BIGINT, o_start DOUBLE PRECISION,
+    o_interval DOUBLE PRECISION, o_count INTEGER, o_retry DOUBLE PRECISION,
+    o_backoff DOUBLE PRECISION, o_reason TEXT, o_now DOUBLE PRECISION)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t DOUBLE PRECISION := EXTRACT(EPOCH FROM clock_timestamp())::float8;
+    h RECORD;
+    gone RECORD;
+    i INTEGER;
+    k TEXT;
+    conc INTEGER;
+    live INTEGER;
+    earliest DOUBLE PRECISION;
+    free INTEGER;
+    st DOUBLE PRECISION;
+    nxt DOUBLE PRECISION;
+    upto DOUBLE PRECISION;
+    given INTEGER;
+BEGIN
+    FOR i IN 1 .. COALESCE(cardinality(p_keys), 0) LOOP
+        k := p_keys[i];
+        INSERT INTO hub_hosts (key, updated) VALUES (k, t) ON CONFLICT (key) DO NOTHING;
+        SELECT crawl_delay, next_at, backoff_until, backoff_reason INTO h
+        FROM hub_hosts WHERE key = k FOR UPDATE;
+        nxt := h.next_at;
+        FOR gone IN DELETE FROM hub_host_slots WHERE key = k AND expires < t
+            RETURNING expires, interval_s LOOP
+            IF gone.interval_s > 0 THEN
+                nxt := GREATEST(nxt, gone.expires + gone.interval_s);
+            END IF;
+        END LOOP;
+        o_key := k;
+        o_interval := GREATEST(p_intervals[i], COALESCE(h.crawl_delay, 0), 0);
+        conc := GREATEST(p_concurrency[i], 1);
+        o_count := CASE WHEN o_interval > 0 THEN GREATEST(p_counts[i], 1) ELSE 1 END;
+        o_backoff := GREATEST(h.backoff_until - t, 0);
+        o_reason := CASE WHEN h.backoff_until > t THEN h.backoff_reason END;
+        o_now := t;
+        SELECT COUNT(*), MIN(expires) INTO live, earliest FROM hub_host_slots WHERE key = k;
+        free := LEAST(GREATEST(p_slots[i], 0), conc - live);
+        st := GREATEST(t, nxt, h.backoff_until);
+        given := 0;
+        WHILE given < free LOOP
+            upto := st + o_count * o_interval;
+            INSERT INTO hub_host_slots (key, holder, expires, start_at, until_at, interval_s)
+            VALUES (k, p_holder, t + p_ttl, st, upto, o_interval) RETURNING id INTO o_slot;
+            o_start := st - t;
+            o_retry := 0;
+            RETURN NEXT;
+            given := given + 1;
+            st := upto;
+        END LOOP;
+        UPDATE hub_hosts SET interval_s = p_intervals[i], concurrency = conc, next_at = st,
+            taken = taken + given, updated = t WHERE key = k;
+        IF given = 0 THEN
+            o_slot := NULL;
+            o_start := NULL;
+            o_retry := GREATEST(CASE WHEN live >= conc THEN earliest ELSE st END - t, 0);
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END
+$$"""
+
+_PG_RELEASE = """(p_ids BIGINT[], p_sent_ago DOUBLE PRECISION[])
+RETURNS INTEGER LANGUAGE plpgsql AS $$
+DECLARE
+    t DOUBLE PRECISION := EXTRACT(EPOCH FROM clock_timestamp())::float8;
+    r RECORD;
+    nxt DOUBLE PRECISION;
+    after DOUBLE PRECISION;
+    wanted DOUBLE PRECISION;
+    released INTEGER := 0;
+BEGIN
+    -- Host rows first, in key order, as a take locks them: no cycle with a take.
+    PERFORM 1 FROM hub_hosts WHERE key IN (
+        SELECT key FROM hub_host_slots WHERE id = ANY(p_ids)) ORDER BY key FOR UPDATE;
+    FOR r IN SELECT s.id, s.key, s.start_at, s.until_at, s.interval_s, s.expires, u.ago
+        FROM hub_host_slots s JOIN unnest(p_ids, p_sent_ago) AS u(id, ago) ON u.id = s.id
+        ORDER BY s.id LOOP
+        DELETE FROM hub_host_slots WHERE id = r.id;
+        IF r.expires >= t THEN
+            released := released + 1;
+        END IF;
+        CONTINUE WHEN r.interval_s <= 0;
+        SELECT next_at INTO nxt FROM hub_hosts WHERE key = r.key;
+        after := t - r.ago + r.interval_s;
+        IF nxt = r.until_at THEN
+            wanted := COALESCE(after, r.start_at);
+        ELSE
+            wanted := GREATEST(nxt, COALESCE(after, nxt));
+        END IF;
+        IF wanted <> nxt THEN
+            UPDATE hub_hosts SET next_at = wanted WHERE key = r.key;
+        END IF;
+    END LOOP;
+    RETURN released;
+END
+$$"""
+
 _HOST_MIGRATIONS: dict[int, list] = {
     1: [
         """CREATE TABLE IF NOT EXISTS hub_hosts (
@@ -56,13 +165,15 @@ _HOST_MIGRATIONS: dict[int, list] = {
             "sqlite",
             """CREATE TABLE IF NOT EXISTS hub_host_slots (
             id INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, holder TEXT NOT NULL,
-            expires {real} NOT NULL, until_at {real} NOT NULL)""",
+            expires {real} NOT NULL, start_at {real} NOT NULL, until_at {real} NOT NULL,
+            interval_s {real} NOT NULL)""",
         ),
         (
             "postgresql",
             """CREATE TABLE IF NOT EXISTS hub_host_slots (
             id {id}, key TEXT NOT NULL, holder TEXT NOT NULL,
-            expires {real} NOT NULL, until_at {real} NOT NULL)""",
+            expires {real} NOT NULL, start_at {real} NOT NULL, until_at {real} NOT NULL,
+            interval_s {real} NOT NULL)""",
         ),
         "CREATE INDEX IF NOT EXISTS hub_host_slots_key ON hub_host_slots (key, expires)",
         (
@@ -77,6 +188,8 @@ _HOST_MIGRATIONS: dict[int, list] = {
                 host TEXT PRIMARY KEY, status INTEGER, body BYTEA, fetched {real},
                 claim_holder TEXT, claim_expires {real} NOT NULL DEFAULT 0)""",
         ),
+        ("postgresql", "CREATE OR REPLACE FUNCTION hub_host_take" + _PG_TAKE),
+        ("postgresql", "CREATE OR REPLACE FUNCTION hub_host_release" + _PG_RELEASE),
     ],
 }
 
@@ -151,11 +264,19 @@ class RobotsEntry:
 
 
 class HostBudgetStore:
-    """The host-budget operations on one hub (see the module's docstring)."""
+    """The host-budget operations on one hub (see the module's docstring); opened with
+    :meth:`open`, which picks the backend's."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         hub.migrate("hub_hosts_version", _HOST_MIGRATIONS, AdvisoryLock.HOST_SCHEMA)
+
+    @staticmethod
+    def open(hub: Hub) -> HostBudgetStore:
+        """The store of *hub*'s backend, its tables made if missing."""
+        if hub.backend == "postgresql":
+            return PostgresHostBudgetStore(hub)
+        return HostBudgetStore(hub)
 
     # --- slots --------------------------------------------------------------------
     def take(self, asks: Sequence[HostAsk], holder: str, ttl: float) -> list[HostAnswer]:
@@ -176,7 +297,16 @@ class HostBudgetStore:
         crawl_delay, next_at, backoff_until, reason = row
         interval = max(ask.interval, crawl_delay or 0.0, 0.0)
         concurrency = max(ask.concurrency, 1)
-        tx.execute("DELETE FROM hub_host_slots WHERE key = ? AND expires < ?", (ask.key, now))
+        # A holder that ran out may have sent until its slot's end: the host's next
+        # request waits an interval after that.
+        ran_out = tx.execute(
+            "DELETE FROM hub_host_slots WHERE key = ? AND expires < ? RETURNING expires, "
+            "interval_s",
+            (ask.key, now),
+        ).fetchall()
+        for expires, slot_interval in ran_out:
+            if slot_interval > 0:
+                next_at = max(next_at, expires + slot_interval)
         live = [
             e
             for (e,) in tx.execute(
@@ -190,9 +320,9 @@ class HostBudgetStore:
         for _ in range(max(free, 0)):
             until = start + count * interval
             slot_id = tx.execute(
-                "INSERT INTO hub_host_slots (key, holder, expires, until_at) "
-                "VALUES (?, ?, ?, ?) RETURNING id",
-                (ask.key, holder, now + ttl, until),
+                "INSERT INTO hub_host_slots (key, holder, expires, start_at, until_at, "
+                "interval_s) VALUES (?, ?, ?, ?, ?, ?) RETURNING id",
+                (ask.key, holder, now + ttl, start, until, interval),
             ).fetchone()[0]
             slots.append(HostSlot(slot_id, ask.key, start - now, interval, count, ttl))
             live.append(now + ttl)
@@ -238,32 +368,38 @@ class HostBudgetStore:
         return held
 
     def release(self, slots: Iterable[tuple[int, float | None]]) -> int:
-        """End slots: ``(slot id, seconds from now of its first unused send time, or
-        None)``. Unused times at the end of a key's schedule go back to it; returns how
-        many slots were still held."""
+        """End slots: ``(slot id, seconds since its last request went, or None if none
+        did)``; returns how many were still held. The key's next request waits an
+        interval after the last one sent (a holder's clock runs behind the hub's
+        schedule by the time its answer took to arrive: this is what the schedule
+        learns of it); the unused times at the end of a key's schedule go back to it,
+        those before a later slot's stay a gap (slower, never faster)."""
         items = sorted(slots)
         if not items:
             return 0
         released = 0
         with self.hub.transaction() as tx:
             now = _now(tx)
-            for slot_id, unused_in in items:
+            for slot_id, sent_ago in items:
                 row = tx.execute(
-                    "DELETE FROM hub_host_slots WHERE id = ? RETURNING key, until_at, expires",
+                    "DELETE FROM hub_host_slots WHERE id = ? "
+                    "RETURNING key, start_at, until_at, interval_s, expires",
                     (slot_id,),
                 ).fetchone()
                 if row is None:
                     continue
-                key, until, expires = row
+                key, start, until, interval, expires = row
                 released += expires >= now
-                if unused_in is None:
+                if interval <= 0:
                     continue
-                # Only the schedule's tail comes back: a later slot's times stay where
-                # they are, and these become a gap (slower, never faster).
-                tx.execute(
-                    "UPDATE hub_hosts SET next_at = ? WHERE key = ? AND next_at = ?",
-                    (now + max(unused_in, 0.0), key, until),
-                )
+                _, next_at, _, _ = _locked_row(tx, key, now)
+                after = None if sent_ago is None else now - sent_ago + interval
+                if next_at == until:
+                    wanted = start if after is None else after
+                else:
+                    wanted = next_at if after is None else max(next_at, after)
+                if wanted != next_at:
+                    tx.execute("UPDATE hub_hosts SET next_at = ? WHERE key = ?", (wanted, key))
         return released
 
     # --- the host's own signals ----------------------------------------------------------
@@ -353,6 +489,66 @@ class HostBudgetStore:
             "body = ?, fetched = NOW(), claim_holder = NULL, claim_expires = 0",
             (host, status, body, status, body),
         )
+
+
+class PostgresHostBudgetStore(HostBudgetStore):
+    """Takes, renewals and releases in one round trip each (see ``_PG_TAKE``)."""
+
+    def take(self, asks: Sequence[HostAsk], holder: str, ttl: float) -> list[HostAnswer]:
+        if not asks:
+            return []
+        ordered = sorted(asks, key=lambda a: a.key)
+        rows = self.hub.query(
+            "SELECT * FROM hub_host_take(?::text[], ?::float8[], ?::int[], ?::int[], "
+            "?::int[], ?, ?)",
+            (
+                [a.key for a in ordered],
+                [float(a.interval) for a in ordered],
+                [int(a.concurrency) for a in ordered],
+                [int(a.count) for a in ordered],
+                [int(a.slots) for a in ordered],
+                holder,
+                ttl,
+            ),
+        )
+        slots: dict[str, list[HostSlot]] = {}
+        heads: dict[str, tuple] = {}
+        for key, slot_id, start, interval, count, retry, backoff, reason, now in rows:
+            heads.setdefault(key, (retry, backoff, reason, interval, now))
+            if slot_id is not None:
+                slots.setdefault(key, []).append(
+                    HostSlot(slot_id, key, start, interval, count, ttl)
+                )
+        answers = []
+        for ask in asks:
+            retry, backoff, reason, interval, now = heads[ask.key]
+            given = tuple(slots.get(ask.key, ()))
+            answers.append(HostAnswer(ask.key, given, retry, backoff, reason, interval, now))
+        return answers
+
+    def renew(self, slot_ids: Iterable[int], ttl: float) -> dict[int, float]:
+        ids = sorted(set(slot_ids))
+        if not ids:
+            return {}
+        rows = self.hub.query(
+            "WITH t AS (SELECT NOW() AS now), u AS (UPDATE hub_host_slots s "
+            "SET expires = t.now + ? FROM t WHERE s.id = ANY(?::bigint[]) "
+            "AND s.expires >= t.now RETURNING s.id, s.key) "
+            "SELECT u.id, GREATEST(h.backoff_until - t.now, 0) FROM u "
+            "JOIN hub_hosts h ON h.key = u.key CROSS JOIN t",
+            (ttl, ids),
+        )
+        return {int(slot_id): float(left) for slot_id, left in rows}
+
+    def release(self, slots: Iterable[tuple[int, float | None]]) -> int:
+        items = sorted(slots)
+        if not items:
+            return 0
+        rows = self.hub.query(
+            "SELECT hub_host_release(?::bigint[], ?::float8[])",
+            ([i for i, _ in items], [ago for _, ago in items]),
+        )
+        return int(rows[0][0])
 
 
 def _now(tx: Transaction) -> float:

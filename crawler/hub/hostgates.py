@@ -101,6 +101,12 @@ class _Slot:
     used: int = 0
     busy: bool = False
     idle_since: float = 0.0
+    last_sent: float | None = None
+
+    def release_item(self, now: float) -> tuple[int, float | None]:
+        """What the hub is told when it goes: its id, seconds since its last request."""
+        ago = None if self.last_sent is None else max(now - self.last_sent, 0.0)
+        return self.slot.slot_id, ago
 
     def next_time(self) -> float | None:
         """When its next send may go, or None when it has no more."""
@@ -236,6 +242,7 @@ class HostGates:
                 break
             slot.used += 1
             slot.busy = True
+            slot.last_sent = now
             _, go = gate.waiters.popleft()
             go(slot)
         linger = self._drop_spent(gate, now)
@@ -281,8 +288,7 @@ class HostGates:
             if slot.busy or not (spent or not gate.waiters):
                 keep.append(slot)
                 continue
-            unused = None if at is None or slot.slot.interval <= 0 else max(at - now, 0.0)
-            self._releases.append((slot.slot.slot_id, unused))
+            self._releases.append(slot.release_item(now))
         gate.slots = keep
         if self._releases:
             self._flush()
@@ -461,7 +467,7 @@ class HostGates:
                 gate.timer.cancel()
             gate.waiters.clear()
             self._episode_over(gate, now)
-            self._releases.extend((s.slot.slot_id, None) for s in gate.slots)
+            self._releases.extend(s.release_item(now) for s in gate.slots)
             gate.slots = []
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
