@@ -27,6 +27,7 @@ COLOURS = {
     "retry": "#f4a261",
     "error": "#e76f51",
     "item_error": "#9b5de5",
+    "host_wait": "#6c757d",
 }
 # 7 inches: 672 px at 96 dpi, drawn at full size in an 800 px wide window.
 WIDE = (7.0, 3.0)
