@@ -22,6 +22,7 @@ import pytest
 from PIL import Image
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from slurm.ship import Shipper, merge_shipped
 from tests.conftest import ROOT, crawl_command, crawl_env, kill_group, run_crawl, write_urls
 from tests.crawls import crawl
 from tests.faults import committed_rows, kill_moments, wait_for_rows
@@ -33,7 +34,7 @@ from tests.media_site import (
     MediaSpider,
     image_path,
 )
-from tests.thirdparty import record_problem
+from tests.thirdparty import catalog_rows, record_problem
 
 PAGES = 10
 DOCS = PAGES * DOCS_PER_PAGE  # 300
@@ -52,22 +53,24 @@ def media_site():
     site.stop()
 
 
-def listing_urls(site: MediaSite, run: int) -> list[str]:
+def listing_urls(site: MediaSite, run: int, pages=range(PAGES)) -> list[str]:
     # Another query each run: a stored listing page is not parsed again.
-    return [f"{site.base_url}/list/{page}.html?run={run}" for page in range(PAGES)]
+    return [f"{site.base_url}/list/{page}.html?run={run}" for page in pages]
 
 
 def items_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-async def media_crawl(site, data_dir, tmp_path, run: int, **settings) -> list[dict]:
-    urls = write_urls(tmp_path / f"urls{run}.txt", listing_urls(site, run))
+async def media_crawl(
+    site, data_dir, tmp_path, run: int, pages=range(PAGES), **settings
+) -> list[dict]:
+    urls = write_urls(tmp_path / f"urls{run}.txt", listing_urls(site, run, pages))
     feed = tmp_path / f"items{run}.jsonl"
     settings = {"FEEDS": {str(feed): {"format": "jsonl"}}, **settings}
     await crawl(MediaSpider, data_dir, settings, urls=str(urls))
     items = items_of(feed)
-    assert len(items) == PAGES
+    assert len(items) == len(pages)
     return items
 
 
@@ -106,7 +109,7 @@ def assert_entries_resolve(site, data_dir: Path, items: list[dict], status: str)
     key names a row whose record holds them; each image has its thumbnails."""
     docs = [e for item in items for e in item["files"]]
     images = [e for item in items for e in item["images"]]
-    assert len(docs) == DOCS and len(images) == IMAGES
+    assert len(docs) == len(items) * DOCS_PER_PAGE and len(images) == len(items) * IMAGES_PER_PAGE
     for entry in docs + images:
         served = site.payload(urlsplit(entry["url"]).path)
         assert entry["status"] == status, entry
@@ -184,6 +187,24 @@ async def test_expired_downloads_are_fetched_again(media_site, data_dir, tmp_pat
     again = await media_crawl(media_site, data_dir, tmp_path, 2, **expired)
     assert media_site.media_requests() == 2 * (DOCS + IMAGES)
     assert_entries_resolve(media_site, data_dir, again, "downloaded")
+
+
+@pytest.mark.parametrize("fmt", ["warc", "sqlite"])
+@deferred_f_from_coro_f
+async def test_downloads_and_thumbnails_ship_and_merge_intact(media_site, tmp_path, fmt):
+    shared = tmp_path / "shared"
+    items = []
+    for task, pages in (("a", range(0, 3)), ("b", range(3, 6))):
+        local = tmp_path / f"local-{task}"
+        settings = {"ARCHIVE_FORMAT": fmt, "ARCHIVE_PREFIX": f"task-{task}"}
+        run = ord(task)
+        items += await media_crawl(media_site, local, tmp_path, run, pages, **settings)
+        done = Shipper(local, shared, f"job_1_{task}").ship()
+        assert done.held_back == 0 and done.rows == len(catalog_rows(local))
+    assert merge_shipped(shared) == 6 * (1 + DOCS_PER_PAGE + IMAGES_PER_PAGE * (1 + len(THUMBS)))
+    assert_entries_resolve(media_site, shared, items, "downloaded")
+    # The shared directory holds no loose file either (besides the shipped catalogs).
+    assert {p.name for p in shared.iterdir()} <= {"archive", "catalogs", "metadata.db"}
 
 
 # -- kills --------------------------------------------------------------------------------
