@@ -14,7 +14,7 @@ from crawler.storage.datadir import DataDir
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
 from tests.conftest import kill_group, run_crawl, start_crawl, write_urls
 from tests.faults import committed_rows, kill_moments, wait_for_rows
-from tests.thirdparty import assert_every_row_reads_back
+from tests.thirdparty import assert_every_row_reads_back, sqlite_rows_without_body
 
 PAGES = 500
 KILLS = 20
@@ -105,9 +105,13 @@ def kill_a_crawl_then_resume(rng, site, tmp_path, data_dir, fmt):
             proc.wait(timeout=60)
         # Read with no code of the project's (for sqlite, the sqlite3 shell alone).
         assert_every_row_reads_back(data_dir, site)
+        if fmt == "sqlite":
+            assert sqlite_rows_without_body(data_dir) == []
     result = run_crawl(url_file, data_dir, *args)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = assert_rows_readable(data_dir, site)
+    if fmt == "sqlite":
+        assert sqlite_rows_without_body(data_dir) == []
     assert set(rows_by_url(data_dir)) == set(urls)
     records = response_records(data_dir)
     assert {key: n for key, n in records.items() if n != 1} == {}

@@ -33,7 +33,7 @@ from tests.conftest import ROOT
 from tests.crawls import crawl_site
 from tests.factories import listed_body, listed_fetch
 from tests.factories import page_fetch as fetch
-from tests.thirdparty import record_problem
+from tests.thirdparty import record_problem, sqlite_rows_without_body
 
 
 def sqlite3_shell(path: Path, sql: str) -> str:
@@ -102,6 +102,23 @@ def test_a_row_is_committed_only_after_its_body(tmp_path):
     assert_rows_readable(tmp_path)
 
 
+def test_the_sqlite3_shell_alone_finds_a_row_whose_body_is_missing_or_cut(tmp_path):
+    store = Store(StoreConfig(data_dir=tmp_path, format="sqlite"))
+    for n in range(4):
+        store.put(fetch(n))
+    store.close()
+    assert sqlite_rows_without_body(tmp_path) == []
+    rows = sorted(catalog_rows(tmp_path).values(), key=lambda row: row.offset)
+    with sqlite3.connect(tmp_path / rows[0].archive) as db:
+        db.execute("DELETE FROM bodies WHERE id = ?", (rows[0].offset,))
+        db.execute("UPDATE bodies SET body = substr(body, 2) WHERE id = ?", (rows[1].offset,))
+    found = sqlite_rows_without_body(tmp_path)
+    assert found == [
+        f"{rows[0].url}: no body bytes, the row says {rows[0].length}",
+        f"{rows[1].url}: {rows[1].length - 1} bytes, the row says {rows[1].length}",
+    ]
+
+
 def test_a_killed_file_without_bodies_is_repaired(tmp_path):
     writer = SqliteWriter(tmp_path / "archive", tmp_path)
     writer.write_fetch(fetch(1))
@@ -136,6 +153,7 @@ def test_sqlite_archives_ship_and_merge_with_their_rows(tmp_path):
     for url, archive, offset, length in rows:
         problem, body = record_problem(shared, archive, offset, length)
         assert problem == "" and body == listed_body(int(url.rsplit("/", 1)[1]))
+    assert sqlite_rows_without_body(shared) == []
 
 
 @deferred_f_from_coro_f

@@ -90,6 +90,42 @@ def sqlite_body(path: Path, row_id: int) -> tuple[int, bytes]:
     return int(stored), gzip.decompress(body) if encoding == "gzip" else body
 
 
+def sqlite_shell(path: Path, sql: str) -> str:
+    """What the ``sqlite3`` shell prints for ``sql`` on ``path``, opened read-only."""
+    out = subprocess.run(
+        ["sqlite3", "-readonly", "-bail", "-cmd", ".timeout 30000", str(path), sql],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, f"sqlite3 {path}: {out.stderr.strip()}"
+    return out.stdout
+
+
+def sqlite_rows_without_body(data_dir: Path) -> list[str]:
+    """With the ``sqlite3`` shell alone, the catalog and each bodies file joined in
+    SQL: the rows naming a body (``offset`` = its id) that their file lacks, or holds
+    with another stored size than the row's ``length``."""
+    catalog = data_dir / "metadata.db"
+    if not catalog.exists():
+        return []
+    names = sqlite_shell(
+        catalog, "SELECT DISTINCT archive FROM artifacts WHERE archive LIKE '%.sqlite'"
+    ).split()
+    problems = []
+    for name in names:
+        size = "length(CAST(x.body AS BLOB))"
+        problems += sqlite_shell(
+            catalog,
+            f"ATTACH '{data_dir / name}' AS b; "
+            f"SELECT a.url || ': ' || coalesce({size}, 'no body') || ' bytes, the row says ' "
+            f'|| a.length FROM artifacts a LEFT JOIN b.bodies x ON x.id = a."offset" '
+            f"WHERE a.archive = '{name}' AND (x.id IS NULL OR {size} IS NOT a.length)",
+        ).splitlines()
+    return problems
+
+
 def record_problem(data_dir: Path, archive: str, offset: int, length: int) -> tuple[str, bytes]:
     """("", body) when the record a row points at reads back; else (what is wrong, b"")."""
     if archive.endswith(".sqlite"):
