@@ -97,7 +97,8 @@ class Command(ScrapyCommand):
             with Hub.open(hub_url(self.settings, required=True)) as hub:
                 admin = JobAdmin(hub)
                 if action == "create":
-                    print(admin.create(rest[0], opts.spider, given, urls))
+                    partition = self.settings.get("CRAWL_PARTITION")
+                    print(admin.create(rest[0], opts.spider, given, urls, partition))
                 elif action == "set":
                     print(admin.set(rest[0], given))
                 elif action == "list":

@@ -9,6 +9,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.cli import pick_action, tidy_parser
+from crawler.spiderkit.partition import MODES, PartitionError, check_mode
 
 ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
 
@@ -26,20 +27,28 @@ class Command(ScrapyCommand):
 
     def long_desc(self) -> str:
         return (
-            "  scrapy queue load NAME URLS|-\n"
+            "  scrapy queue load NAME URLS|- [--partition domain|host|url]\n"
             "  scrapy queue status NAME\n"
             "  scrapy queue stats NAME\n\n"
             "Work queues feed the Slurm queue mode (slurm/submit --queue): tasks lease "
             "batches of URLs from them. `load` adds a URL list (one URL a line, - for "
             "standard input) to the queue NAME, created if new; loading the same list "
-            "again adds nothing. `status` shows how many URLs are done, leased, expired "
-            "and pending; `stats` adds failures, the speed over the last 10 minutes, the ETA "
+            "again adds nothing. Each URL is loaded with its partition unit (--partition, "
+            "default the CRAWL_PARTITION setting: domain): a batch holds one unit's URLs "
+            "and a unit's batches are leased to one task at a time, so that one process "
+            "at a time fetches a site; url: batches of any URLs. `status` shows how many "
+            "URLs are done, leased, expired and pending; `stats` adds failures, the speed over the last 10 minutes, the ETA "
             "and the batches each host holds. The hub is named by the HUB_URL setting or "
             "environment variable."
         )
 
     def add_options(self, parser: argparse.ArgumentParser) -> None:
         super().add_options(parser)
+        parser.add_argument(
+            "--partition",
+            choices=MODES,
+            help="load: what a batch takes whole (default: the CRAWL_PARTITION setting)",
+        )
         tidy_parser(parser)
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
@@ -57,11 +66,14 @@ class Command(ScrapyCommand):
             with Hub.open(hub_url(self.settings, required=True)) as hub:
                 admin = QueueAdmin(hub)
                 if action == "load":
-                    print(admin.load(*rest))
+                    partition = opts.partition or self.settings.get("CRAWL_PARTITION")
+                    print(admin.load(*rest, partition=check_mode(partition)))
                 elif action == "stats":
                     print(admin.stats(*rest))
                 else:
                     print(admin.status(*rest))
+        except PartitionError as exc:
+            raise UsageError(str(exc)) from None
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1

@@ -1,6 +1,6 @@
 """A host's limits hold across a cluster: real task processes (``python -m slurm.task``,
-2 tasks x 4 crawl processes, as ``slurm/crawl.sbatch`` runs them, without Slurm) crawl
-six hosts, one of them holding half the URLs, each host served by its own server on
+2 tasks x 4 crawl processes, as ``slurm/crawl.sbatch`` runs them, without Slurm), in
+shard mode and in queue mode (a SQLite hub, a PostgreSQL hub), crawl six hosts, one of them holding half the URLs, each host served by its own server on
 127.0.0.1 that logs when every request started and ended (``tests/hostservers.py``).
 
 With ``DOWNLOAD_DELAY=0.5``, ``RANDOMIZE_DOWNLOAD_DELAY=0`` and
@@ -21,8 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from crawler.hub import Hub, WorkQueue
+from crawler.spiderkit.domains import registered_domain
 from tests.conftest import ROOT, kill_group, write_urls
 from tests.hostservers import HostServers
+from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 TASKS, PROCS = 2, 4
 BIG = "www.big-site.com"
@@ -99,3 +102,30 @@ def test_shards_keep_each_host_to_its_limits(hosts, tmp_path):
     check(hosts, data, urls)
     # One crawl process fetched each host: its robots.txt was asked for once.
     assert [server.hits("/robots.txt") for server in hosts] == [1] * len(HOSTS)
+
+
+def test_queue_batches_keep_each_host_to_its_limits(hosts, tmp_path, hub_url):  # noqa: F811
+    urls = host_urls(hosts)
+    url_file = write_urls(tmp_path / "urls.txt", urls)
+    # The default partition: a batch per registered domain; the big host takes two.
+    loaded = scrapy_with_hub("queue", "load", "polite", str(url_file), hub=hub_url)
+    assert loaded.returncode == 0, loaded.stderr
+    args = ["--queue", "polite", "--batch", "10", "--", *POLITE, *hosts.setting_args()]
+    data = run_tasks(tmp_path, url_file, args, env={"HUB_URL": hub_url, "WORK_LEASE_TTL": "12"})
+    check(hosts, data, urls)
+    with Hub.open(hub_url) as hub:
+        queue = WorkQueue(hub, "polite", create=False)
+        assert queue.progress().finished
+        leases = queue.leases()
+        batches = [
+            {urlsplit_host(url) for (url,) in hub.query(
+                "SELECT url FROM hub_work_items WHERE lease_id = ?", (lease["id"],))}
+            for lease in leases
+        ]  # fmt: skip
+    assert all(len({registered_domain(h) for h in hosts_of}) == 1 for hosts_of in batches)
+    assert sum(1 for hosts_of in batches if hosts_of == {BIG}) == 2
+    assert {lease["end_reason"] for lease in leases} == {"done"}
+
+
+def urlsplit_host(url: str) -> str:
+    return url.split("/")[2].split(":")[0]

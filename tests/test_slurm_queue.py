@@ -50,7 +50,9 @@ def submit_queue(cluster, urls: Path, data: Path, tmp_path: Path, hub_url: str, 
                WORK_LEASE_TTL=str(ttl))  # fmt: skip
     cmd = [sys.executable, str(ROOT / "slurm" / "submit"), str(urls), "--queue",
            "--queue-name", name, "--batch", str(batch), "--tasks", "1", "--data", str(data),
-           "--time", "10:00", "--margin", "60", "--", *scrapy_args]  # fmt: skip
+           "--time", "10:00", "--margin", "60",
+           "--partition-by", "url",  # the test site is one host: batches of any of its URLs
+           "--", *scrapy_args]  # fmt: skip
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     array, merge = re.search(r"crawl array (\d+) .* merge job (\d+)", done.stdout).groups()

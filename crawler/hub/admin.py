@@ -197,19 +197,25 @@ class QueueAdmin:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
 
-    def load(self, name: str, path: str) -> str:
-        """Add the list at *path* to queue *name* (created if new); what it did, and the
-        queue's progress."""
+    def load(self, name: str, path: str, partition: str = "url") -> str:
+        """Add the list at *path* to queue *name* (created if new), each batch to hold
+        one *partition* unit's URLs; what it did, and the queue's progress."""
         with open_url_list(path) as stream:
-            return self.load_lines(name, list_lines(stream))
+            return self.load_lines(name, list_lines(stream), partition)
 
-    def load_lines(self, name: str, urls: Iterable[str]) -> str:
+    def load_lines(self, name: str, urls: Iterable[str], partition: str = "url") -> str:
         """Add *urls* to queue *name* (created if new); what it did, and its progress."""
         queue = WorkQueue(self.hub, name)
-        added, present = queue.load(urls)
+        added, present = queue.load(urls, partition=partition)
+        split = (
+            "batches of any URLs"
+            if queue.partition == "url"
+            else f"a batch per {queue.partition}, leased to one holder at a time"
+        )
         return (
             f"queue {name!r} in {self.hub.label}: {added:,} URLs added, {present:,} already there\n"
-            f"queue {name!r}: {queue.progress().line()}"
+            f"queue {name!r}: {queue.progress().line()}\n"
+            f"queue {name!r}: {split}"
         )
 
     def status(self, name: str) -> str:
@@ -249,13 +255,19 @@ class JobAdmin:
         self.store = JobStore(hub)
 
     def create(
-        self, name: str, spider: str, settings: dict[str, str], urls: Iterable[str] | None = None
+        self,
+        name: str,
+        spider: str,
+        settings: dict[str, str],
+        urls: Iterable[str] | None = None,
+        partition: str = "url",
     ) -> str:
-        """Create job *name*; *urls*, the URLs of its work queue (checked already)."""
+        """Create job *name*; *urls*, the URLs of its work queue (checked already), a
+        batch of it per *partition* unit."""
         job = self.store.create(name, spider, settings, queue=name if urls is not None else "")
         lines = [f"job {name!r} created in {self.hub.label}: spider {spider!r}"]
         if urls is not None:
-            lines.append(QueueAdmin(self.hub).load_lines(job.queue, urls))
+            lines.append(QueueAdmin(self.hub).load_lines(job.queue, urls, partition))
         return "\n".join(lines + [_settings_line(job)])
 
     def set(self, name: str, settings: dict[str, str]) -> str:

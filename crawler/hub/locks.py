@@ -25,3 +25,6 @@ class AdvisoryLock(IntEnum):
     WORK_SCHEMA = 7302519004
     # Creating or upgrading the host-budget tables.
     HOST_SCHEMA = 7302519005
+    # Leasing a batch of a work queue split by domain or host: one lease at a time
+    # checks who holds a unit, so that no unit gets more holders than it allows.
+    WORK_UNIT_LEASE = 7302519006

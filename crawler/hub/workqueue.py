@@ -15,6 +15,14 @@ last renewed: its batch is then taken over, whole, by the next task that asks.
   fails, so no batch is ever held by two live leases.
 - PostgreSQL: leases are taken with ``FOR UPDATE SKIP LOCKED``; SQLite: in one
   ``BEGIN IMMEDIATE`` transaction.
+- Politeness: a queue loaded with partition ``domain`` or ``host``
+  (``crawler/spiderkit/partition.py``) stores each item's unit, a batch holds one unit's
+  items, and a unit's batches are leased to at most ``max_holders`` live leases at a
+  time (``hub_work_units``, 1 unless changed): a batch of a unit held that often is not
+  leased, and neither is an expired lease taken over. So one crawl process at a time
+  fetches a site. These leases are serialised (an advisory lock on PostgreSQL), since
+  "is the unit free" and "take it" must be one step. A queue loaded with ``url`` leases
+  any items, as before.
 
 ``scrapy queue load NAME URLS|-`` and ``scrapy queue status NAME`` (``commands/queue.py``
 over :class:`crawler.hub.admin.QueueAdmin`) load a list and show a queue's progress.
@@ -32,9 +40,10 @@ from crawler.hub.db import Hub
 from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.hub.locks import AdvisoryLock
+from crawler.spiderkit.partition import PartitionError, check_mode, queue_unit
 from crawler.storage.keys import request_key
 
-WORK_SCHEMA_VERSION = 4
+WORK_SCHEMA_VERSION = 5
 LOAD_CHUNK = 5000
 
 # Numbered migrations of the work tables, kept apart from the proxy tables' own.
@@ -79,7 +88,32 @@ _WORK_MIGRATIONS: dict[int, list[str]] = {
     3: ["ALTER TABLE hub_work_leases ADD COLUMN failed INTEGER NOT NULL DEFAULT 0"],
     # Where the next lease starts looking for pending items (PostgreSQL; see _PG_CLAIM).
     4: ["ALTER TABLE hub_work_queues ADD COLUMN next_item BIGINT NOT NULL DEFAULT 0"],
+    # Partition units: what a batch holds whole, and how many may hold a unit at once.
+    5: [
+        "ALTER TABLE hub_work_queues ADD COLUMN partition TEXT NOT NULL DEFAULT 'url'",
+        "ALTER TABLE hub_work_items ADD COLUMN unit TEXT",
+        "ALTER TABLE hub_work_leases ADD COLUMN unit TEXT",
+        "CREATE INDEX IF NOT EXISTS hub_work_items_unit_pending ON hub_work_items "
+        "(queue_id, unit, id) WHERE state = 'pending'",
+        "CREATE INDEX IF NOT EXISTS hub_work_leases_unit ON hub_work_leases "
+        "(queue_id, unit) WHERE ended IS NULL",
+        """CREATE TABLE IF NOT EXISTS hub_work_units (
+            queue_id BIGINT NOT NULL REFERENCES hub_work_queues(id),
+            unit TEXT NOT NULL,
+            max_holders INTEGER NOT NULL DEFAULT 1,
+            PRIMARY KEY (queue_id, unit)
+        )""",
+    ],
 }
+
+# The units of a queue that have as many live leases as they allow: none of their
+# batches is leased now.
+_HELD_UNITS = """
+SELECT l.unit FROM hub_work_leases l
+LEFT JOIN hub_work_units u ON u.queue_id = l.queue_id AND u.unit = l.unit
+WHERE l.queue_id = ? AND l.ended IS NULL AND l.expires >= NOW() AND l.unit IS NOT NULL
+GROUP BY l.unit, u.max_holders HAVING COUNT(*) >= COALESCE(u.max_holders, 1)
+"""
 
 
 # PostgreSQL: many processes asking for pending items at once would all start at the
@@ -163,6 +197,7 @@ class WorkBatch:
     urls: tuple[str, ...]
     expires: float
     taken_over: int | None = None  # the expired lease this batch was taken from
+    unit: str | None = None  # the partition unit of its URLs (None: any URLs)
 
 
 @dataclass(frozen=True)
@@ -221,6 +256,15 @@ def item_key(url: str) -> str:
         return hashlib.sha256(url.encode("utf-8", "replace")).hexdigest()
 
 
+def _unit(url: str, mode: str) -> str | None:
+    """The partition unit stored with an item (None for ``url``); a line that is not a
+    URL stands for itself: the crawl reports it."""
+    try:
+        return queue_unit(url, mode)
+    except ValueError:
+        return url
+
+
 def list_lines(stream: Iterable[str]) -> Iterator[str]:
     """The entries of a URL list: stripped lines, no blanks, no ``#`` comments."""
     for raw in stream:
@@ -240,6 +284,12 @@ class WorkQueue:
         ensure_work_schema(hub)
         self.queue_id = self._queue_id(create)
         self._next_item = 0
+        # What a batch takes whole: domain, host or url (any URLs), as the queue was
+        # first loaded (loaded before it is leased from: read once).
+        self.partition = str(
+            self.hub.query("SELECT partition FROM hub_work_queues WHERE id = ?",
+                           (self.queue_id,))[0][0]
+        )  # fmt: skip
 
     def _queue_id(self, create: bool) -> int:
         with self.hub.transaction() as tx:
@@ -260,23 +310,36 @@ class WorkQueue:
         return int(row[0])
 
     # --- loading ----------------------------------------------------------------
-    def load(self, urls: Iterable[str], chunk: int = LOAD_CHUNK) -> tuple[int, int]:
+    def load(
+        self, urls: Iterable[str], chunk: int = LOAD_CHUNK, partition: str = "url"
+    ) -> tuple[int, int]:
         """Add URLs (streamed, one transaction per chunk); return (added, already there).
 
         Loading the same list again adds nothing: items done stay done, so a queue is
-        resumed by loading it again under the same name.
+        resumed by loading it again under the same name. ``partition``: what a batch
+        takes whole (``domain``, ``host``; ``url``: any URLs); a queue keeps the mode
+        it was first loaded with, and loading it with another is refused.
         """
+        mode = self._set_partition(partition)
         before = self._count()
         seen = 0
         lines = iter(urls)
-        while rows := [(self.queue_id, item_key(url), url) for url in islice(lines, chunk)]:
+        while rows := [
+            (self.queue_id, item_key(url), url, _unit(url, mode)) for url in islice(lines, chunk)
+        ]:
             seen += len(rows)
             with self.hub.transaction() as tx:
                 tx.executemany(
-                    "INSERT INTO hub_work_items (queue_id, ukey, url) VALUES (?, ?, ?) "
+                    "INSERT INTO hub_work_items (queue_id, ukey, url, unit) VALUES (?, ?, ?, ?) "
                     "ON CONFLICT (queue_id, ukey) DO NOTHING",
                     rows,
                 )
+                if mode != "url":
+                    tx.executemany(
+                        "INSERT INTO hub_work_units (queue_id, unit) VALUES (?, ?) "
+                        "ON CONFLICT (queue_id, unit) DO NOTHING",
+                        sorted({(self.queue_id, row[3]) for row in rows}),
+                    )
         if self.hub.dialect.name == "postgresql":
             # Leases claim stretches of item ids from here (_PG_CLAIM), not from 0.
             self.hub.execute(
@@ -287,6 +350,40 @@ class WorkQueue:
             )
         added = self._count() - before
         return added, seen - added
+
+    def _set_partition(self, partition: str) -> str:
+        try:
+            mode = check_mode(partition, "partition")
+        except PartitionError as exc:
+            raise WorkQueueError(str(exc)) from None
+        with self.hub.transaction() as tx:
+            if mode != "url":  # a new queue (no items yet) takes the mode it is given
+                tx.execute(
+                    "UPDATE hub_work_queues SET partition = ? WHERE id = ? AND NOT EXISTS "
+                    "(SELECT 1 FROM hub_work_items WHERE queue_id = ?)",
+                    (mode, self.queue_id, self.queue_id),
+                )
+            current = tx.execute(
+                "SELECT partition FROM hub_work_queues WHERE id = ?", (self.queue_id,)
+            ).fetchone()[0]
+        self.partition = str(current)
+        if current != mode:
+            raise WorkQueueError(
+                f"queue {self.name!r} in {self.hub.label} is split by {current}, not {mode}: "
+                f"load it with --partition {current}, or under a new name"
+            )
+        return mode
+
+    def set_max_holders(self, unit: str, holders: int) -> None:
+        """Let ``holders`` leases hold batches of ``unit`` at once (1 by default): for a
+        host whose budget, shared through the hub, allows several processes."""
+        if holders < 1:
+            raise ValueError("a unit needs max_holders >= 1")
+        self.hub.execute(
+            "INSERT INTO hub_work_units (queue_id, unit, max_holders) VALUES (?, ?, ?) "
+            "ON CONFLICT (queue_id, unit) DO UPDATE SET max_holders = excluded.max_holders",
+            (self.queue_id, unit, holders),
+        )
 
     def _count(self) -> int:
         rows = self.hub.query(
@@ -300,6 +397,8 @@ class WorkQueue:
         items; None when neither is there (see :meth:`progress` for why)."""
         if size < 1 or ttl <= 0:
             raise ValueError("a lease needs size >= 1 and ttl > 0")
+        if self.partition != "url":
+            return self._lease_unit(str(holder), size, ttl)
         if self.hub.dialect.name == "postgresql":
             return self._lease_pg(str(holder), size, ttl)
         with self.hub.transaction() as tx:
@@ -337,6 +436,59 @@ class WorkQueue:
             tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
+
+    def _lease_unit(self, holder: str, size: int, ttl: float) -> WorkBatch | None:
+        """A lease of a queue split by units: an expired lease's batch whose unit is not
+        held as often as it allows, else up to *size* pending items of the first unit
+        (by item order) that is not."""
+        with self.hub.transaction() as tx:
+            tx.lock(AdvisoryLock.WORK_UNIT_LEASE)
+            q = self.queue_id
+            old = tx.execute(
+                "SELECT id, unit FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
+                "AND expires < NOW() AND (unit IS NULL OR unit NOT IN (" + _HELD_UNITS + ")) "
+                "ORDER BY expires LIMIT 1",
+                (q, q),
+            ).fetchone()
+            if old is not None:
+                unit = old[1]
+            else:
+                row = tx.execute(
+                    "SELECT unit FROM hub_work_items WHERE queue_id = ? AND state = 'pending' "
+                    "AND unit NOT IN (" + _HELD_UNITS + ") ORDER BY id LIMIT 1",
+                    (q, q),
+                ).fetchone()
+                if row is None:
+                    return None
+                unit = row[0]
+            lease_id, expires = tx.execute(
+                "INSERT INTO hub_work_leases (queue_id, holder, started, expires, unit) "
+                "VALUES (?, ?, NOW(), NOW() + ?, ?) RETURNING id, expires",
+                (q, holder, ttl, unit),
+            ).fetchone()
+            if old is not None:
+                tx.execute(
+                    "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'expired' WHERE id = ?",
+                    (old[0],),
+                )
+                taken = tx.execute(
+                    "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? "
+                    "AND state = 'leased' RETURNING id, url",
+                    (lease_id, old[0]),
+                ).fetchall()
+            else:
+                taken = tx.execute(
+                    "UPDATE hub_work_items SET state = 'leased', lease_id = ? WHERE id IN "
+                    "(SELECT id FROM hub_work_items WHERE queue_id = ? AND unit = ? "
+                    "AND state = 'pending' ORDER BY id LIMIT ?) RETURNING id, url",
+                    (lease_id, q, unit, size),
+                ).fetchall()
+            if not taken:
+                tx.execute("DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
+                return None
+            tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
+        urls = tuple(url for _, url in sorted(taken))
+        return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None, unit)
 
     def _lease_pg(self, holder: str, size: int, ttl: float) -> WorkBatch | None:
         claim = (self._next_item, size, self.queue_id, size)

@@ -1,0 +1,167 @@
+"""Work queues split by domain or host: a batch holds one unit's URLs, and a unit's
+batches are leased to one holder at a time (or as many as the unit allows), with the
+lease and expiry rules of any queue; on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, defaultdict
+from urllib.parse import urlsplit
+
+import pytest
+
+from crawler.hub import Hub
+from crawler.hub.workqueue import WorkQueue, WorkQueueError
+from crawler.spiderkit.domains import registered_domain
+from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
+
+SITES = ["www.alpha.com", "shop.alpha.com", "beta.co.uk", "gamma.org"]
+# Interleaved, as lists are: alpha.com holds half of them over two hosts.
+URLS = [f"http://{SITES[n % 4]}/p/{n}" for n in range(24)]
+
+
+def domain(url: str) -> str:
+    return registered_domain(urlsplit(url).hostname)
+
+
+@pytest.fixture
+def hub(hub_url):  # noqa: F811
+    with Hub.open(hub_url) as opened:
+        yield opened
+
+
+def loaded(hub, name: str, partition: str = "domain") -> WorkQueue:
+    queue = WorkQueue(hub, name)
+    queue.load(URLS, partition=partition)
+    return queue
+
+
+def test_a_unit_is_leased_to_one_holder_at_a_time(hub):
+    queue = loaded(hub, "q")
+    a = queue.lease("a", 4, ttl=60)
+    b = queue.lease("b", 4, ttl=60)
+    c = queue.lease("c", 4, ttl=60)
+    # Three sites, three holders, each batch one site's URLs, the first pending first.
+    assert [batch.unit for batch in (a, b, c)] == ["alpha.com", "beta.co.uk", "gamma.org"]
+    for batch in (a, b, c):
+        assert {domain(url) for url in batch.urls} == {batch.unit}
+    assert a.urls == tuple(u for u in URLS if domain(u) == "alpha.com")[:4]
+    # Every unit with pending URLs is held: nothing for a fourth holder, though 12 wait.
+    assert queue.lease("d", 4, ttl=60) is None
+    assert queue.progress().pending == 12
+    assert queue.done(a)
+    d = queue.lease("d", 4, ttl=60)
+    assert d.unit == "alpha.com" and not set(d.urls) & set(a.urls)
+    assert queue.release(b)
+    assert queue.lease("e", 100, ttl=60).unit == "beta.co.uk"  # given back: free again
+
+
+def test_host_units_split_a_site_by_host(hub):
+    queue = loaded(hub, "q", partition="host")
+    units = [queue.lease(f"h{n}", 100, ttl=60) for n in range(5)]
+    assert [b.unit for b in units[:4]] == SITES and units[4] is None
+    for batch in units[:4]:
+        assert {urlsplit(url).hostname for url in batch.urls} == {batch.unit}
+        assert len(batch.urls) == 6
+
+
+def test_an_expired_lease_is_taken_over_whole_and_its_unit_not_doubled(hub):
+    queue = loaded(hub, "q")
+    dead = queue.lease("dead", 3, ttl=0.2)
+    time.sleep(0.3)  # the hub's clock: NOW() is past the lease's expiry
+    heir = queue.lease("heir", 3, ttl=60)
+    assert heir.taken_over == dead.lease_id and heir.urls == dead.urls
+    assert heir.unit == dead.unit == "alpha.com"
+    assert not queue.renew(dead, 60) and not queue.done(dead)
+    # The heir holds alpha.com: others get the other sites, then nothing.
+    assert {queue.lease(h, 3, ttl=60).unit for h in ("x", "y")} == {"beta.co.uk", "gamma.org"}
+    assert queue.lease("z", 3, ttl=60) is None
+
+
+def test_a_unit_may_allow_more_holders(hub):
+    queue = loaded(hub, "q")
+    queue.set_max_holders("alpha.com", 2)
+    batches = [queue.lease(h, 2, ttl=60) for h in ("a", "b", "c", "d", "e")]
+    # By the order of the first pending URL: alpha.com a second time only after the others.
+    assert [b.unit if b else None for b in batches] == [
+        "alpha.com", "beta.co.uk", "gamma.org", "alpha.com", None,
+    ]  # fmt: skip
+    assert not set(batches[0].urls) & set(batches[3].urls)
+    with pytest.raises(ValueError):
+        queue.set_max_holders("alpha.com", 0)
+
+
+def test_a_queue_keeps_the_mode_it_was_loaded_with(hub):
+    queue = loaded(hub, "q")
+    queue.load(URLS[:3], partition="domain")  # again: nothing added, nothing refused
+    with pytest.raises(WorkQueueError, match=r"queue 'q' .* is split by domain, not url: "
+                       r"load it with --partition domain, or under a new name"):  # fmt: skip
+        queue.load(URLS, partition="url")
+    with pytest.raises(WorkQueueError, match="'site' is not a partition mode"):
+        WorkQueue(hub, "other").load(URLS, partition="site")
+    # A url queue leases any URLs, as before: one batch may hold every site.
+    plain = loaded(hub, "plain", partition="url")
+    batch = plain.lease("a", 8, ttl=60)
+    assert batch.unit is None and len({domain(u) for u in batch.urls}) == 3
+    assert plain.lease("b", 8, ttl=60) is not None
+
+
+def test_no_unit_has_two_holders_under_contention(hub_url):  # noqa: F811
+    urls = [f"http://site{n % 5}.example.com/p/{n}" for n in range(150)]
+    with Hub.open(hub_url) as hub:
+        WorkQueue(hub, "busy").load(urls, partition="domain")
+    held: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
+    got: Counter[str] = Counter()
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            with Hub.open(hub_url) as hub:
+                queue = WorkQueue(hub, "busy", create=False)
+                while not queue.progress().finished:
+                    batch = queue.lease(name, 4, ttl=60)
+                    if batch is None:
+                        continue
+                    # Between the lease's return and the call that ends it, this thread
+                    # holds the unit: no other may hold it in that span.
+                    start = time.monotonic()
+                    time.sleep(0.002)
+                    end = time.monotonic()
+                    with lock:
+                        held[batch.unit].append((start, end, name))
+                        got.update(batch.urls)
+                    assert queue.done(batch)
+        except BaseException as exc:  # reported by the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"w{n}",)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not errors, errors
+    assert sorted(got) == sorted(urls) and set(got.values()) == {1}
+    for unit, spans in held.items():
+        spans.sort()
+        for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+            assert start >= end, f"{unit} held by {first} and {second} at once"
+
+
+def test_queue_load_takes_the_partition_from_the_option_or_the_setting(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(f"{url}\n" for url in URLS))
+    done = scrapy_with_hub("queue", "load", "d", str(urls), hub=hub)
+    assert done.returncode == 0, done.stderr
+    assert "queue 'd': a batch per domain, leased to one holder at a time" in done.stdout
+    done = scrapy_with_hub("queue", "load", "h", str(urls), "--partition", "host", hub=hub)
+    assert "a batch per host" in done.stdout, done.stderr
+    done = scrapy_with_hub("queue", "-s", "CRAWL_PARTITION=url", "load", "u", str(urls), hub=hub)
+    assert "queue 'u': batches of any URLs" in done.stdout, done.stderr
+    again = scrapy_with_hub("queue", "load", "u", str(urls), hub=hub)
+    assert again.returncode == 1
+    assert "is split by url, not domain: load it with --partition url" in again.stderr
+    bad = scrapy_with_hub("queue", "-s", "CRAWL_PARTITION=sites", "load", "x", str(urls), hub=hub)
+    assert bad.returncode == 2 and "'sites' is not a partition mode" in bad.stderr
