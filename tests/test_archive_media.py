@@ -8,6 +8,7 @@ Pillow for the thumbnails."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import io
 import json
@@ -22,6 +23,9 @@ import pytest
 from PIL import Image
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from crawler.tools.export import export_catalog
+from crawler.tools.rebuild import Rebuild
+from crawler.tools.verify import Verify
 from slurm.ship import Shipper, merge_shipped
 from tests.conftest import ROOT, crawl_command, crawl_env, kill_group, run_crawl, write_urls
 from tests.crawls import crawl
@@ -205,6 +209,31 @@ async def test_downloads_and_thumbnails_ship_and_merge_intact(media_site, tmp_pa
     assert_entries_resolve(media_site, shared, items, "downloaded")
     # The shared directory holds no loose file either (besides the shipped catalogs).
     assert {p.name for p in shared.iterdir()} <= {"archive", "catalogs", "metadata.db"}
+
+
+@deferred_f_from_coro_f
+async def test_the_catalog_tools_resolve_thumbnails(media_site, data_dir, tmp_path):
+    items = await media_crawl(media_site, data_dir, tmp_path, 1, range(2))
+    out = tmp_path / "catalog.csv"
+    export_catalog(data_dir, "csv", out)
+    with open(out, newline="") as f:
+        exported = {row["url"]: row for row in csv.DictReader(f)}
+    for entry in [e for item in items for e in item["images"]]:
+        key = Path(entry["path"]).name.split(".", 1)[0]
+        assert exported[entry["url"]]["key"] == key
+        for thumb_id in THUMBS:
+            row = exported[f"{THUMB_URL}{thumb_id}/{key}"]
+            assert row["status"] == "200" and row["content_type"] == "image/jpeg"
+    assert Verify(data_dir).run().ok
+    # The archive alone gives back every row, thumbnails included.
+    rebuilt = tmp_path / "rebuilt.db"
+    Rebuild(data_dir, rebuilt).run()
+    columns = 'key, url, status, archive, "offset", length'
+    with contextlib.closing(catalog(data_dir)) as db:
+        rows = set(db.execute(f"SELECT {columns} FROM artifacts"))
+    with contextlib.closing(sqlite3.connect(rebuilt)) as db:
+        assert set(db.execute(f"SELECT {columns} FROM artifacts")) == rows
+    assert len(rows) == 2 * (1 + DOCS_PER_PAGE + IMAGES_PER_PAGE * (1 + len(THUMBS)))
 
 
 # -- kills --------------------------------------------------------------------------------
