@@ -85,7 +85,7 @@ def _class_rule(cls: type) -> tuple[str | None, tuple[str, ...], dict[str, str]]
 
 
 @lru_cache(maxsize=256)
-def _dataclass_fields(cls: type) -> tuple[str, ...] | None:
+def dataclass_fields(cls: type) -> tuple[str, ...] | None:
     """The fields of ``cls`` when ItemAdapter reads its items as dataclasses, else None.
 
     Such an item's values are then read here as that adapter reads them (each field the
@@ -110,7 +110,7 @@ def item_values(item):
     cls = type(item)
     if cls is dict:
         return item.items()
-    fields = _dataclass_fields(cls)
+    fields = dataclass_fields(cls)
     if fields is None:
         return ItemAdapter(item).items()
     pairs = [(name, getattr(item, name, _MISSING)) for name in fields]

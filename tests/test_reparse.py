@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -15,10 +16,11 @@ from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 import pytest
+from itemadapter import ItemAdapter
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.reparse.plan import ReparseConfig, plan, select_rows
-from crawler.reparse.runner import Progress, Reparse
+from crawler.reparse.runner import Progress, Reparse, plain
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.cmdline import canon, read_jsonl, run_scrapy
@@ -110,6 +112,33 @@ def test_pool_ends_in_a_process_whose_sigterm_handler_only_logs(crawled, tmp_pat
         pytest.fail("the reparse pool did not end: a worker outlived its SIGTERM")
     assert proc.returncode == 0, stderr
     assert all(len(read_jsonl(tmp_path / f"{run}.jsonl")) == 11 for run in range(15))
+
+
+@dataclasses.dataclass
+class Inner:
+    name: str
+    score: float = 0.5
+
+
+@dataclasses.dataclass
+class Outer:
+    title: str
+    tags: list
+    by_name: dict
+    inner: Inner
+    missing: object = dataclasses.field(init=False)
+
+
+def test_items_become_plain_dicts_for_parquet_as_itemadapter_makes_them():
+    item = Outer(
+        "t",
+        ["a", 1, Inner("x"), [Inner("y", 2.0)], {"k": Inner("z")}],
+        {"one": 1, "inner": Inner("w"), "list": [Inner("v")]},
+        Inner("u", float("inf")),
+    )
+    assert plain(item) == ItemAdapter(item).asdict()
+    assert plain({"a": [item]}) == {"a": [ItemAdapter(item).asdict()]}
+    assert "missing" not in plain(item)  # a field the instance lacks, as ItemAdapter
 
 
 def test_where_limit_callback_and_formats(crawled, tmp_path):

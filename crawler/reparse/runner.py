@@ -23,7 +23,7 @@ from pathlib import Path
 from itemadapter import ItemAdapter, is_item
 from scrapy import Request
 
-from crawler.itemrows import ItemFieldError, item_row
+from crawler.itemrows import ItemFieldError, dataclass_fields, item_row, item_values
 from crawler.reparse.feeds import ItemFileWriter
 from crawler.reparse.plan import (
     ReparseConfig,
@@ -122,14 +122,17 @@ def plain(value):
     kind = type(value)
     if kind in _SCALARS:
         return value
+    # Scalars in lists and dicts are taken without a call each: most values are.
     if kind is list:
-        return [plain(v) for v in value]
+        return [v if type(v) in _SCALARS else plain(v) for v in value]
     if kind is dict:
-        return {k: plain(v) for k, v in value.items()}
+        return {k: v if type(v) in _SCALARS else plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set):
         return value.__class__(plain(v) for v in value)
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
+    if dataclass_fields(kind) is not None:  # the project's items: no adapter per item
+        return {k: plain(v) for k, v in item_values(value)}
     if isinstance(value, ItemAdapter):
         value = value.item
     if is_item(value):
