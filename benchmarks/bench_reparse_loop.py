@@ -1,6 +1,7 @@
 """Re-parse against the parser's own speed: whole processes, alternating, in one run.
 
     python -m benchmarks.bench_reparse_loop [--pages 3000] [--rounds 3] [--case NAME ...]
+    python -m benchmarks.bench_reparse_loop --callgrind 300
 
 Over a corpus of ``--pages`` stored product pages of ~50 KB (built once by
 ``benchmarks.bench_reparse``), each round runs, one after the other:
@@ -10,17 +11,25 @@ Over a corpus of ``--pages`` stored product pages of ~50 KB (built once by
 - ``scrapy reparse products`` with one worker and with every core, into the item
   tables and into ``-o items.parquet``;
 - ``scrapy reparse products --follow --until-idle 0`` catching up a backlog of every
-  page (its position reset before each run), with one worker and with every core.
+  page (its position reset before each run), with one worker and with every core;
+- the plain loop on every core (``--processes``: each process parses a consecutive
+  share of the records).
 
 Each is a whole process (start-up included) timed from outside; its CPU time is that
 of the whole process tree. A case's ratio is its pages/s over the loop's of the same
-round (times the number of workers for several: the target is ``>= 0.90``); ``cpu``
-is the loop's CPU seconds over the case's. ``scaling`` is every core against cores x
-one worker. Last, the loop and one-worker re-parses run in this process, timing
-the parser's CPU inside each: its share of each run's CPU gives the machinery's
-cost even on a machine whose other jobs make whole runs differ by 20%.
+round times its number of cores (workers; processes for the loop on every core: its
+scaling); the target is ``>= 0.90``. ``cpu`` is the loop's CPU seconds over the
+case's; several workers are also given over the loop on as many processes.
+``scaling`` is every core against cores x one worker. Last, the loop and one-worker
+re-parses run in this process, timing the parser's CPU inside each: its share of each
+run's CPU gives the machinery's cost even on a machine whose other jobs make whole
+runs differ by 20%.
 On a shared machine the load average printed with each round says how far the wall
 figures can be trusted.
+
+``--callgrind PAGES`` runs the loop and the one-worker cases under valgrind's callgrind
+instead, over PAGES pages and over none: instruction counts, which no other job
+changes, of whole processes, of their start-up and per page.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ PAGES = 3000
 class Case:
     name: str
     workers: int  # 0: the plain loop
+    processes: int = 1  # of the plain loop
     args: list[str] = field(default_factory=list)
     follow: bool = False
     output: bool = False
@@ -60,6 +70,12 @@ class Case:
     cpus: list[float] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)
     cpu_ratios: list[float] = field(default_factory=list)
+    # Several workers: pages/s over the plain loop's on as many processes.
+    same_core_ratios: list[float] = field(default_factory=list)
+
+    @property
+    def cores(self) -> int:
+        return self.workers or self.processes
 
 
 def cases(cores: int) -> list[Case]:
@@ -71,6 +87,7 @@ def cases(cores: int) -> list[Case]:
     ]
     if cores > 1:
         found += [
+            Case(f"loop {cores} processes", 0, processes=cores),
             Case(f"reparse {cores} workers, item tables", cores),
             Case(f"reparse {cores} workers, -o parquet", cores, output=True),
             Case(f"reparse --follow {cores} workers", cores, follow=True),
@@ -80,7 +97,10 @@ def cases(cores: int) -> list[Case]:
 
 def command(case: Case, data: Path, out: Path) -> list[str]:
     if not case.workers:
-        return [sys.executable, "-m", "benchmarks.parse_loop", str(data)]
+        return [
+            *[sys.executable, "-m", "benchmarks.parse_loop", str(data)],
+            *(["--processes", str(case.processes)] if case.processes > 1 else []),
+        ]
     cmd = [sys.executable, "-m", "scrapy", "reparse", "products", "--workers", str(case.workers)]
     cmd += ["-s", f"DATA_DIR={data}"]
     if case.output:
@@ -110,6 +130,62 @@ def run_case(case: Case, data: Path, out: Path) -> tuple[float, float]:
         raise RuntimeError(f"{case.name}: exit {proc.returncode}: {proc.stderr.decode()[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return seconds, cpu
+
+
+def instructions(cmd: list[str]) -> int:
+    """Instructions one whole process (and any it forks) executes, counted by callgrind:
+    a figure that other jobs on the machine do not change."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "callgrind.%p"
+        proc = subprocess.run(
+            ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", *cmd],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+        )
+        if proc.returncode:
+            raise RuntimeError(f"{cmd}: exit {proc.returncode}: {proc.stderr.decode()[-2000:]}")
+        total = 0
+        for path in Path(tmp).glob("callgrind.*"):
+            for line in path.read_text().splitlines():
+                if line.startswith("totals:"):
+                    total += int(line.split()[1])
+        return total
+
+
+def instruction_counts(pages: int, say) -> None:
+    """The one-worker cases and the loop under callgrind over ``pages`` pages, and the
+    same processes over none (their start-up): ratios of instruction counts."""
+    data = ROOT / "bench-data" / f"reparse-{pages}"
+    build_corpus(data, pages)
+    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
+    empty = out / "empty"
+    (empty / "archive").mkdir(parents=True)
+    try:
+        if items_stored(data) != pages:
+            run_case(cases(1)[1], data, out)
+        say(f"callgrind, {pages:,} pages, instructions of the whole process (start-up: of none):")
+        loop = cases(1)[0]
+        whole = instructions(command(loop, data, out))
+        start = instructions(command(loop, empty, out))
+        say(f"  loop: {whole / 1e9:.2f} G, start-up {start / 1e9:.2f} G")
+        for case in cases(1)[1:]:
+            if case.follow:
+                reset_follow(data)
+            got = instructions(command(case, data, out))
+            (out / "items.parquet").unlink(missing_ok=True)
+            line = f"  {case.name}: {got / 1e9:.2f} G, ratio {whole / got:.2f}"
+            if not case.follow:
+                began = instructions([*command(case, data, out), "--limit", "0"])
+                line += (
+                    f"; start-up {began / 1e9:.2f} G; per page {(got - began) / pages / 1e6:.2f} M "
+                    f"against the loop's {(whole - start) / pages / 1e6:.2f} M, ratio "
+                    f"{(whole - start) / (got - began):.2f}"
+                )
+            say(line)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def items_stored(data: Path) -> int:
@@ -162,23 +238,42 @@ def parser_shares(data: Path, out: Path) -> list[tuple[str, float, float]]:
     return found
 
 
+def figures(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({' '.join(f'{v:.2f}' for v in values)})"
+
+
+def round_ratios(todo: list[Case]) -> None:
+    """Add the last round's ratios to each case (the loop, ``todo[0]``, has none)."""
+    loop = todo[0]
+    many_loop = next((c for c in todo if c.processes > 1), None)
+    for case in todo[1:]:
+        case.ratios.append(case.rates[-1] / (loop.rates[-1] * case.cores))
+        if case.workers:
+            case.cpu_ratios.append(loop.cpus[-1] / case.cpus[-1])
+        if case.workers > 1 and many_loop is not None:
+            case.same_core_ratios.append(case.rates[-1] / many_loop.rates[-1])
+
+
+def case_line(case: Case, rate: float, cpu: float, at: slice) -> str:
+    line = f"  {case.name}: {rate:,.0f} pages/s, {cpu:.1f} s CPU"
+    if not case.ratios:
+        return line
+    line += f", ratio {figures(case.ratios[at])}"
+    if case.cpu_ratios:
+        line += f", cpu {figures(case.cpu_ratios[at])}"
+    if case.same_core_ratios:
+        line += f", over the loop on as many processes {figures(case.same_core_ratios[at])}"
+    return line
+
+
 def summarize(todo: list[Case], cores: int, say) -> None:
     say(
-        "medians (ratio: pages/s over workers x the loop's of the same round; cpu: "
-        "the loop's CPU seconds over the case's):"
+        "medians (ratio: pages/s over cores x the one-process loop's of the same round; "
+        "cpu: the loop's CPU seconds over the case's):"
     )
     for case in todo:
-        line = (
-            f"  {case.name}: {statistics.median(case.rates):,.0f} pages/s, "
-            f"{statistics.median(case.cpus):.1f} s CPU"
-        )
-        if case.workers:
-            line += (
-                f", ratio {statistics.median(case.ratios):.2f} "
-                f"({' '.join(f'{r:.2f}' for r in case.ratios)}), "
-                f"cpu {statistics.median(case.cpu_ratios):.2f}"
-            )
-        say(line)
+        rate, cpu = statistics.median(case.rates), statistics.median(case.cpus)
+        say(case_line(case, rate, cpu, slice(None)))
     by_name = {c.name: c for c in todo}
     for kind in ("item tables", "-o parquet"):
         one = by_name.get(f"reparse 1 worker, {kind}")
@@ -225,14 +320,9 @@ def run(
                 seconds, cpu = run_case(case, data, out)
                 case.rates.append(pages / seconds)
                 case.cpus.append(cpu)
-            loop = todo[0]
+            round_ratios(todo)
             for case in todo:
-                line = f"  {case.name}: {case.rates[-1]:,.0f} pages/s, {case.cpus[-1]:.1f} s CPU"
-                if case.workers:
-                    case.ratios.append(case.rates[-1] / (loop.rates[-1] * case.workers))
-                    case.cpu_ratios.append(loop.cpus[-1] / case.cpus[-1])
-                    line += f" (ratio {case.ratios[-1]:.2f}, cpu {case.cpu_ratios[-1]:.2f})"
-                say(line)
+                say(case_line(case, case.rates[-1], case.cpus[-1], slice(-1, None)))
         shares = parser_shares(data, out)
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -259,7 +349,17 @@ def main() -> None:
     parser.add_argument(
         "--case", action="append", help="run only this case (and the loop); may be repeated"
     )
+    parser.add_argument(
+        "--callgrind",
+        type=int,
+        metavar="PAGES",
+        help="instead: count the instructions of the loop and of one-worker re-parses of "
+        "PAGES pages under valgrind (minutes for a few hundred pages)",
+    )
     args = parser.parse_args()
+    if args.callgrind:
+        instruction_counts(args.callgrind, lambda line: print(line, flush=True))
+        return
     run(args.pages, args.rounds, args.data, args.case, echo=True)
 
 
