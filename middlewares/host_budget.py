@@ -280,7 +280,7 @@ class HostBudgetMiddleware:
             f"{why} {interval:g} s",
         )
         slot = await maybe_deferred_to_future(granted)
-        if self.gates.closed:
+        if slot is None or self.gates.closed:
             raise IgnoreRequest("the spider is closing: no host slots any more")
         request.meta[META_SLOT] = (key, slot)
         self.crawler.stats.inc_value("host/requests")

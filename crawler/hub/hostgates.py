@@ -200,14 +200,19 @@ class HostGates:
             self._dispatch(gate)
 
     def back_off(self, key: str, seconds: float, reason: str) -> None:
-        """The host said to wait *seconds*: no slot of this process sends meanwhile, and
-        the hub is told before any slot of the key is released."""
-        gate = self._gates.get(key)
-        if gate is not None:
-            until = self.clock.now() + seconds
-            if until > gate.backoff_until:
-                gate.backoff_until, gate.backoff_reason = until, reason
+        """The host said to wait *seconds*: the hub is told, then this process's slots
+        of the key go back (the one in flight once its request ends), so that the
+        host's slots sit in the hub, under its back-off, not idle here."""
         self._call(lambda: self.store.back_off(key, seconds, reason), lambda _: None, "backing off")
+        gate = self._gates.get(key)
+        if gate is None:
+            return
+        now = self.clock.now()
+        if now + seconds > gate.backoff_until:
+            gate.backoff_until, gate.backoff_reason = now + seconds, reason
+        for slot in gate.slots:
+            slot.expires = min(slot.expires, now)
+        self._dispatch(gate)
 
     def crawl_delay(self, key: str, delay: float | None, fetched_here: bool) -> None:
         """robots.txt of *key*'s host asks for *delay* seconds between requests: slots
@@ -249,11 +254,14 @@ class HostGates:
         if gate.waiters:
             if gate.episode is not None:
                 gate.episode.saw(*self._reason(gate))
+            # No slot is asked for while the key is backed off: it stays in the hub,
+            # under the back-off, for whoever asks once it ends.
+            ask_at = max(gate.retry_at, gate.backoff_until)
             if wake is None and not gate.asking:
-                if now >= gate.retry_at:
+                if now >= ask_at:
                     self._ask(gate)
                 else:
-                    wake = gate.retry_at
+                    wake = ask_at
             self._wake_at(gate, wake)
         else:
             self._wake_at(gate, linger)
@@ -351,7 +359,11 @@ class HostGates:
             self._flush_one()
 
     def _flush_one(self) -> None:
-        if self._releases:
+        # Calls made in order first (a back-off before the release of the slot that
+        # met it), then releases (a slot given back before this process asks again).
+        if self._queue:
+            self._queue.popleft()()
+        elif self._releases:
             releases, self._releases = self._releases, []
             self._send(lambda: self.store.release(releases), lambda _: None, "releasing slots")
         elif self._asks and not self.closed:
@@ -363,8 +375,6 @@ class HostGates:
                 "taking host slots",
                 lambda: self._not_answered(asks),
             )
-        elif self._queue:
-            self._queue.popleft()()
         else:
             self._asks.clear()
 
@@ -460,21 +470,30 @@ class HostGates:
 
     # --- closing ------------------------------------------------------------------------
     def close(self, done: Callable[[], None]) -> None:
-        """Release every slot; *done* once the hub has been told (or failed to be)."""
+        """Release every slot; *done* once the hub has been told (or failed to be).
+        Requests still waiting are called with no slot."""
         now = self.clock.now()
-        for gate in self._gates.values():
+        waiting: list[Callable[[Any], None]] = []
+        releases = self._releases
+        self._releases = []
+        for gate in list(self._gates.values()):
             if gate.timer is not None and gate.timer.active():
                 gate.timer.cancel()
+            waiting.extend(go for _, go in gate.waiters)
             gate.waiters.clear()
             self._episode_over(gate, now)
-            self._releases.extend(s.release_item(now) for s in gate.slots)
+            releases.extend(s.release_item(now) for s in gate.slots)
             gate.slots = []
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
         self.closed = True
         self._asks.clear()
+        if releases:
+            self._call(lambda: self.store.release(releases), lambda _: None, "releasing slots")
         self._queue.append(done)
         self._flush()
+        for go in waiting:
+            go(None)
 
     @property
     def waiting(self) -> int:
