@@ -64,6 +64,7 @@ _LOCAL_SIG = b"PK\x03\x04"
 _CENTRAL_SIG = b"PK\x01\x02"
 _EOCD_SIG = b"PK\x05\x06"
 _UTF8_FLAG = 0x800
+_ROW_HEADERS = {"content-type", "content-length", "etag", "last-modified"}
 _EXTENSIONS = {"text/html": ".html", "text/plain": ".txt", "application/json": ".json"}
 
 
@@ -266,7 +267,12 @@ class ZipWriter(ArchiveWriter):
             "final_url": fetch.final_url,
             "method": fetch.method,
             "status": fetch.status,
-            "headers": payload_headers(fetch.response_headers, len(fetch.body)),
+            # Those its row takes: a zip keeps metadata twice (local and central).
+            "headers": [
+                h
+                for h in payload_headers(fetch.response_headers, len(fetch.body))
+                if h[0].lower() in _ROW_HEADERS
+            ],
             "fetched_at": warc_date(fetch.fetched_at),
             "digest": original.payload_digest,
             "refers_to": refers_to(original),
