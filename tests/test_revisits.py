@@ -32,6 +32,7 @@ from crawler.storage.records import IDENTICAL_PROFILE, payload_digest
 from crawler.tools.rebuild import Rebuild
 from crawler.tools.verify import Verify
 from demo.site import DemoSite
+from slurm.ship import Shipper, merge_shipped
 from spiders.products import ProductsSpider
 from tests.checks import actions, catalog_rows
 from tests.conftest import ROOT, crawl_env, kill_group, run_crawl, start_crawl, write_urls
@@ -255,6 +256,21 @@ async def test_dedup_digest_refers_to_the_same_payload_under_another_url(shop, d
     with contextlib.closing(sqlite3.connect(data_dir / "metadata.db")) as conn:
         indexes = {r[1] for r in conn.execute("PRAGMA index_list(artifacts)")}
     assert "artifacts_digest" in indexes
+    # Re-parsed, each row is a page of its own URL.
+    reparse = subprocess.run(
+        [sys.executable, "-m", "scrapy", "reparse", "site", "-s", f"DATA_DIR={data_dir}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=crawl_env(),
+    )
+    assert reparse.returncode == 0, reparse.stderr[-3000:]
+    with contextlib.closing(sqlite3.connect(data_dir / "metadata.db")) as conn:
+        summaries = dict(conn.execute("SELECT final_url, title FROM page_summary"))
+    assert set(summaries) == set(pages + chunked)
+    for page, twin in zip(pages, chunked, strict=True):
+        assert summaries[twin] == summaries[page]
     if fmt == "warc":
         revisits = [r for r in archive_records(data_dir) if r["type"] == "revisit"]
         assert {r["WARC-Target-URI"] for r in revisits} == set(chunked)
@@ -421,3 +437,27 @@ def test_pywb_replays_an_unchanged_page_from_its_revisit(tmp_path, data_dir, way
         )
     finally:
         shop.stop()
+
+
+# -- Slurm shipping and merging ------------------------------------------------------------
+
+
+@deferred_f_from_coro_f
+async def test_shipped_and_merged_revisits_point_at_shipped_records(shop, tmp_path, data_dir):
+    shared = tmp_path / "shared"
+    urls = write_urls(tmp_path / "urls.txt", product_urls(shop))
+    shipper = Shipper(data_dir, shared, "job_1_0_p0")
+    await crawl_site(urls, data_dir)
+    shipper.ship()
+    first = catalog_rows(data_dir)
+    change_some(shop)
+    await crawl_site(urls, data_dir, revalidate="1")
+    shipment = shipper.ship()
+    # The revisits' rows point into the file shipped the first time: none held back.
+    assert shipment.held_back == 0 and shipment.rows == PAGES
+    merge_shipped(shared)
+    merged = catalog_rows(shared)
+    assert merged == catalog_rows(data_dir)
+    assert_rows_read_back_as_served(shared, shop)
+    unchanged = [k for k, row in merged.items() if row.offset == first[k].offset]
+    assert len(unchanged) == PAGES - len(CHANGED)
