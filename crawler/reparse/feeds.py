@@ -12,19 +12,15 @@ import os
 from pathlib import Path
 
 from itemadapter import ItemAdapter
-from scrapy.exporters import (
-    CsvItemExporter,
-    JsonItemExporter,
-    JsonLinesItemExporter,
-    XmlItemExporter,
-)
 
+# Scrapy's exporters by name, imported only by a run that writes one of these formats:
+# the item tables and parquet have no use for them.
 EXPORTERS = {
-    ".jsonl": JsonLinesItemExporter,
-    ".jl": JsonLinesItemExporter,
-    ".json": JsonItemExporter,
-    ".csv": CsvItemExporter,
-    ".xml": XmlItemExporter,
+    ".jsonl": "JsonLinesItemExporter",
+    ".jl": "JsonLinesItemExporter",
+    ".json": "JsonItemExporter",
+    ".csv": "CsvItemExporter",
+    ".xml": "XmlItemExporter",
 }
 FORMATS = sorted([*EXPORTERS, ".parquet"])
 PARQUET_BATCH = 10_000
@@ -56,7 +52,10 @@ class ItemFileWriter:
         self._batch: list[dict] = []
         self._parquet = None
         if self.suffix != ".parquet":
-            self._exporter = EXPORTERS[self.suffix](self._file, encoding=encoding)
+            from scrapy import exporters
+
+            exporter = getattr(exporters, EXPORTERS[self.suffix])
+            self._exporter = exporter(self._file, encoding=encoding)
             self._exporter.start_exporting()
 
     @property
