@@ -334,7 +334,10 @@ def run(
     )
     _, loop_cpu, loop_parser = shares[0]
     for name, cpu, parser in shares:
-        line = f"  {name}: {cpu:.1f} s CPU, {parser:.1f} s of it in the parser ({parser / cpu:.0%})"
+        line = (
+            f"  {name}: {cpu:.1f} s CPU, {parser:.1f} s of it in the parser ({parser / cpu:.0%}), "
+            f"the rest {(cpu - parser) / pages * 1e6:.0f} us a page"
+        )
         if name != "loop":
             line += f", ratio {(loop_cpu / loop_parser) / (cpu / parser):.2f}"
         say(line)
