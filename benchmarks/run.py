@@ -30,6 +30,10 @@ SECTIONS = [
     ("JS rendering (Chromium, 200 pages)", "benchmarks.bench_render"),
     ("Crawl report from a 1,000,000-line action log", "benchmarks.bench_report"),
     ("Item tables: writer, pipeline, --follow", "benchmarks.bench_items"),
+    (
+        "Archive formats: crawl speed and size of warc, sqlite, sqlite+gzip against the bare spider",
+        "benchmarks.bench_format_speed",
+    ),
 ]
 
 
