@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -100,6 +101,9 @@ class SlurmCluster:
         host = socket.gethostname().split(".")[0]
         lines = [
             "ClusterName=testcluster",
+            # Job ids no other test cluster on this machine uses: kill_task finds a
+            # task's processes by its ids.
+            f"FirstJobId={random.SystemRandom().randrange(10**5, 6 * 10**7)}",
             f"SlurmctldHost={host}(127.0.0.1)",
             f"SlurmctldPort={free_port()}",
             f"SlurmdPort={free_port()}",
