@@ -11,6 +11,7 @@ import pytest
 from crawler.hub import Hub, ProxyPool
 from crawler.hub.jobs import JobError, JobStore, parse_assignments
 from tests.conftest import start_crawl, write_urls
+from tests.events import wait_for_log
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 from tests.proxy_servers import TinyProxy
 from tests.servers import need
@@ -84,9 +85,12 @@ def test_a_running_crawl_follows_its_jobs_settings(site, tmp_path, data_dir):
         with Hub.open(hub) as h:
             ProxyPool(h).add([p.url for p in proxies])
             JobStore(h).create("live", "site", job_settings)
-        urls = write_urls(
-            tmp_path / "urls.txt", [f"{site.base_url}/page/{n}.html" for n in range(150)]
-        )
+        # The first page is held in flight: the crawl cannot end before the change
+        # reaches it, however fast the rest goes.
+        pages = [f"{site.base_url}/hold/page/0.html"]
+        pages += [f"{site.base_url}/page/{n}.html" for n in range(1, 150)]
+        urls = write_urls(tmp_path / "urls.txt", pages)
+        site.hold()
         log_path = tmp_path / "crawl.log"
         crawl = start_crawl(
             urls, data_dir, "-s", f"HUB_URL={hub}", "-s", "JOB=live", "-s",
@@ -103,8 +107,11 @@ def test_a_running_crawl_follows_its_jobs_settings(site, tmp_path, data_dir):
                 "CONCURRENT_REQUESTS=1", hub=hub,
             )  # fmt: skip
             assert changed.returncode == 0, changed.stderr
+            wait_for_log(log_path, "CONCURRENT_REQUESTS '4' -> '1' (applied live)", crawl)
+            site.release()
             assert crawl.wait(timeout=300) == 0, log_path.read_text()[-5000:]
         finally:
+            site.release()
             if crawl.poll() is None:
                 crawl.kill()
                 crawl.wait()
