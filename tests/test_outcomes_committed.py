@@ -11,13 +11,15 @@ from tests.conftest import start_crawl, write_urls
 from tests.events import committed_rows
 from tests.faults import wait_for_rows, writer_pid
 
+BATCH = 10
+
 
 def test_outcomes_of_a_run_whose_writer_died_count_committed_rows(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(300)]
     log_path = tmp_path / "crawl.log"
     crawl = start_crawl(
         write_urls(tmp_path / "urls.txt", urls), data_dir,
-        "-s", "CATALOG_BATCH_SIZE=10", "-s", "CATALOG_FLUSH_SECONDS=0.1",
+        "-s", f"CATALOG_BATCH_SIZE={BATCH}", "-s", "CATALOG_FLUSH_SECONDS=0.1",
         "-s", "DOWNLOAD_DELAY=0.02", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=1",
         log_path=log_path,
     )  # fmt: skip
@@ -39,5 +41,7 @@ def test_outcomes_of_a_run_whose_writer_died_count_committed_rows(site, tmp_path
     assert found, outcomes[0]
     said, fetched = (int(n.replace(",", "")) for n in found.groups())
     stored = committed_rows(data_dir)
-    # Never more than is stored; the writer reports each commit before its next one.
-    assert 20 <= said <= stored <= fetched, (said, stored, fetched, outcomes[0])
+    # Never more than is stored. The writer reports each commit before it makes the next
+    # one, so the kill may land after a commit it had no time to report: that commit, of
+    # at most one batch, is the most the summary can miss.
+    assert stored - BATCH <= said <= stored <= fetched, (said, stored, fetched, outcomes[0])
