@@ -18,8 +18,12 @@ $(STAMP): requirements.txt
 demo: install
 	$(BIN)/python -m demo.run
 
+# Workers: the suite mostly waits (servers, crawl processes, Chromium, Slurm), so more
+# workers than cores pay; TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 4
+
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 bench: install
 	$(BIN)/python -m benchmarks.run
