@@ -29,7 +29,7 @@ from tests.proxy_servers import proxy_pool  # noqa: F401
 from tests.servers import need
 
 # Each run's rates, then the whole data directory's.
-FIGURES = ("status", "types", "hosts", "proxies", "leases", "items")
+FIGURES = ("status", "types", "hosts", "host-rates", "proxies", "leases", "items")
 RUN_FIGURES = ("rate", "outcomes")
 
 

@@ -18,11 +18,13 @@ from crawler.hub.redact import redact_url
 from crawler.report.logread import LogFollower, LogStats
 from crawler.report.sources import (
     CatalogSummary,
+    HubHost,
     HubSummary,
     Layout,
     QueueSummary,
     find_layout,
     read_catalogs,
+    read_host_budgets,
     read_hub,
     read_queues,
 )
@@ -60,6 +62,7 @@ class Report:
     queues: list[QueueSummary] = field(default_factory=list)  # the hub's work queues
     run: dict | None = None  # the latest line of runs.jsonl, whose settings are shown
     runs: list[RunReport] = field(default_factory=list)  # oldest first
+    host_budgets: list[HubHost] = field(default_factory=list)  # the hub's, by host
 
 
 def report_settings(
@@ -124,6 +127,7 @@ class ReportBuilder:
         )
         if self.hub_url:
             report.queues = read_queues(self.hub_url)
+            report.host_budgets = read_host_budgets(self.hub_url)
         report.seconds = time.perf_counter() - started
         return report
 

@@ -18,6 +18,8 @@ from crawler.report.sources import HubSummary
 from crawler.storage.actionlog import OUTCOMES
 
 TOP_HOSTS = 20
+# Hosts drawn in the politeness figure (all of the top ones are in its table).
+PLOTTED_HOSTS = 6
 TOP_TYPES = 15
 # Runs drawn with their figures, newest first; older runs are rows of the runs table.
 RUN_SECTIONS = 5
@@ -103,6 +105,7 @@ def render_page(report: Report) -> str:
             runs_section(report),
             catalog_section(report),
             hosts_section(report.total),
+            politeness_section(report),
             proxy_section(report.total, report.hub),
             queues_section(report),
             items_section(report),
@@ -339,6 +342,140 @@ def hosts_section(total: LogStats) -> str:
         + table(["host", "failed attempts", "causes"], rows)
         + note
     )
+
+
+def host_limits(report: Report) -> dict[str, tuple[float | None, str]]:
+    """Per host of the report: the most requests per second its settings allow, and
+    why: the hub's budget interval when it keeps one, else the larger of the run's
+    DOWNLOAD_DELAY and a Crawl-delay the action log says the host was kept to."""
+    rates = report.total.rates
+    settings = dict(report.settings)
+    try:
+        delay = float(settings.get("DOWNLOAD_DELAY") or 0)
+    except ValueError:
+        delay = 0.0
+    budgets = {b.key: b for b in report.host_budgets}
+    limits: dict[str, tuple[float | None, str]] = {}
+    for host in set(rates.bins) | set(budgets):
+        budget = budgets.get(host)
+        if budget is not None and budget.interval > 0:
+            why = f"hub budget: one per {budget.interval:g} s"
+            if budget.crawl_delay and budget.crawl_delay >= budget.interval:
+                why = f"Crawl-delay {budget.crawl_delay:g} s (hub)"
+            limits[host] = (1 / budget.interval, why)
+            continue
+        crawl_delay = rates.crawl_delays.get(host, 0.0)
+        if crawl_delay > delay:
+            limits[host] = (1 / crawl_delay, f"Crawl-delay {crawl_delay:g} s")
+        elif delay > 0:
+            limits[host] = (1 / delay, f"DOWNLOAD_DELAY {delay:g} s")
+        else:
+            limits[host] = (None, "none: DOWNLOAD_DELAY 0")
+    return limits
+
+
+def politeness_section(report: Report) -> str:
+    rates = report.total.rates
+    busiest = rates.busiest(TOP_HOSTS)
+    head = "<h2>Requests per host against its limit</h2>"
+    if not busiest:
+        return head + '<p class="note">No requests logged.</p>' + backoff_table(report)
+    limits = host_limits(report)
+    plotted = busiest[:PLOTTED_HOSTS]
+    svg = plots.host_rate_figure(
+        "host-rates",
+        rates.width,
+        [(host, rates.series(host), limits[host][0]) for host in plotted],
+    )
+    rows = []
+    for host in busiest:
+        limit, why = limits[host]
+        peak = rates.peak(host)
+        ratio = f"{peak / limit:.2f}" if limit else "-"
+        rows.append(
+            f"<tr><td>{escape(host)}</td>{cell(f'hostreq:{host}', rates.requests[host])}"
+            f"{cell(f'hostpeak:{host}', peak, f'{peak:.2f}')}"
+            f"{cell(f'hostlimit:{host}', limit or 0, f'{limit:.2f}' if limit else '-')}"
+            f"{cell(f'hostratio:{host}', peak / limit if limit else 0, ratio)}"
+            f"<td>{escape(why)}</td></tr>"
+        )
+    note = (
+        f'<p class="note">Requests (every attempt the action logs say was sent, all runs '
+        f"and tasks together) per second, in {rates.width} s bins; the dashed line of a "
+        "host is the most its settings allow. A peak above 1.0 times the limit means the "
+        "host was asked faster than the crawl promised: processes shared it without "
+        "sharing its budget (CRAWL_PARTITION=url without HOST_BUDGET_ENABLED).</p>"
+    )
+    if rates.dropped:
+        note += (
+            f'<p class="note">{rates.dropped:,} hosts with few requests are not binned '
+            "(memory stays bounded).</p>"
+        )
+    return (
+        head
+        + figure(
+            "host-rates",
+            svg,
+            f"Requests per second of the {len(plotted)} busiest hosts, against their limits",
+        )
+        + table(
+            [
+                "host",
+                "requests",
+                f"peak req/s ({rates.width} s)",
+                "limit req/s",
+                "peak / limit",
+                "limit from",
+            ],
+            rows,
+        )  # fmt: skip
+        + note
+        + backoff_table(report)
+    )
+
+
+def backoff_table(report: Report) -> str:
+    """Hosts in back-off now (the hub's host table) and hosts that backed off during
+    the crawl (the action log's wait lines after a 429 or 503 with Retry-After)."""
+    now = [b for b in report.host_budgets if b.backoff_left > 0]
+    waits = report.total.rates.waits
+    past = sorted(
+        ((h, w) for h, w in waits.items() if w.backoffs),
+        key=lambda hw: (-hw[1].backoffs, hw[0]),
+    )
+    parts = ["<h3>Hosts in back-off</h3>"]
+    if now:
+        parts.append(
+            table(
+                ["host", "back-off left", "why"],
+                [
+                    f"<tr><td>{escape(b.key)}</td>"
+                    f"{cell(f'backoff:{b.key}', b.backoff_left, duration(b.backoff_left))}"
+                    f"<td>{escape(b.backoff_reason or '-')}</td></tr>"
+                    for b in now
+                ],
+            )
+        )
+    elif report.host_budgets:
+        parts.append('<p class="note">None now, as the hub says.</p>')
+    if past:
+        parts.append(
+            table(
+                ["host", "back-offs waited", "seconds waited (all waits)", "last reason"],
+                [
+                    f"<tr><td>{escape(host)}</td>{cell(f'backoffs:{host}', w.backoffs)}"
+                    f"{cell(f'waited:{host}', round(w.seconds, 1), f'{w.seconds:,.1f}')}"
+                    f"<td>{escape(w.last_backoff or '-')}</td></tr>"
+                    for host, w in past[:TOP_HOSTS]
+                ],
+            )
+        )
+    elif not now:
+        parts.append(
+            '<p class="note">No back-off logged (a 429 or 503 with Retry-After makes '
+            "every process wait for its host).</p>"
+        )
+    return "".join(parts)
 
 
 def lease_spans(hub: HubSummary) -> list[tuple[str, list[tuple[float, float, str]]]]:

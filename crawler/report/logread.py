@@ -35,6 +35,17 @@ _BYTES = len(OUTCOMES)
 # crawl retries within, shorter than a stall anyone would want averaged in).
 IDLE_GAP_SECONDS = 60
 
+# Lines that are a request sent to a host (a cache hit, an item or a wait is not).
+REQUEST_OUTCOMES = frozenset({"ok", "not_modified", "unchanged", "retry", "error"})
+# Requests per host are counted in bins this wide at first (the window in which a
+# host's limits are usually judged), doubled when a host would have more than
+# MAX_HOST_BINS of them; binned for at most MAX_RATE_HOSTS hosts, those with fewest
+# requests dropped first, so a crawl of millions of hosts keeps its busiest.
+HOST_BIN_SECONDS = 10
+MAX_HOST_BINS = 512
+MAX_RATE_HOSTS = 200
+_CRAWL_DELAY = re.compile(r"Crawl-delay ([0-9.]+) s")
+
 _STATUS = re.compile(r"(?:HTTP )?([1-5]\d\d)\b")
 _LIST_LINE = re.compile(r"\S+:\d+: ")
 ROBOTS_KIND = "forbidden by robots.txt"
@@ -84,6 +95,7 @@ class LogStats:
     )
     first_problem: str | None = None
     hosts_dropped: int = 0
+    rates: HostRates = field(default_factory=lambda: HostRates())
 
     def add(self, ts: float, outcome: str, nbytes: int) -> None:
         key = int(ts) // self.width
@@ -202,6 +214,7 @@ class LogStats:
         for proxy, counts in other.proxy_outcomes.items():
             self.proxy_outcomes[proxy].update(counts)
         self.first_problem = self.first_problem or other.first_problem
+        self.rates.merge(other.rates)
 
     def prune_hosts(self) -> None:
         """Keep the half of the hosts with most failures."""
@@ -216,6 +229,119 @@ class LogStats:
             self._coarsen()
             key = int(ts) // self.width
         return self.bins.setdefault(key, [0] * (len(OUTCOMES) + 1))
+
+
+@dataclass
+class HostWaits:
+    """What the ``host_wait`` lines of one host say: wait episodes, their seconds, and
+    those that were a back-off (a 429 or 503 with Retry-After)."""
+
+    episodes: int = 0
+    seconds: float = 0.0
+    backoffs: int = 0
+    last_backoff: str | None = None  # its reason
+    last_backoff_ts: float | None = None
+
+    def merge(self, other: HostWaits) -> None:
+        self.episodes += other.episodes
+        self.seconds += other.seconds
+        self.backoffs += other.backoffs
+        if other.last_backoff_ts is not None and (
+            self.last_backoff_ts is None or other.last_backoff_ts > self.last_backoff_ts
+        ):
+            self.last_backoff, self.last_backoff_ts = other.last_backoff, other.last_backoff_ts
+
+
+@dataclass
+class HostRates:
+    """Requests per host over time (for the busiest hosts), the Crawl-delay each host
+    was kept to, and its waits, in bounded memory (see ``MAX_RATE_HOSTS``)."""
+
+    width: int = HOST_BIN_SECONDS
+    requests: Counter[str] = field(default_factory=Counter)  # every host, pruned by half
+    bins: dict[str, Counter[int]] = field(default_factory=dict)  # the binned hosts
+    crawl_delays: dict[str, float] = field(default_factory=dict)
+    waits: dict[str, HostWaits] = field(default_factory=dict)
+    dropped: int = 0  # hosts no longer binned
+
+    def request(self, host: str, ts: float) -> None:
+        self.requests[host] += 1
+        bins = self.bins.get(host)
+        if bins is None:
+            if len(self.bins) >= MAX_RATE_HOSTS:
+                self._drop_quietest()
+            bins = self.bins[host] = Counter()
+        key = int(ts) // self.width
+        if key not in bins and len(bins) >= MAX_HOST_BINS:
+            self._coarsen()
+            key = int(ts) // self.width
+        bins[key] += 1
+        if len(self.requests) > MAX_HOSTS:
+            for host_, _ in self.requests.most_common()[MAX_HOSTS // 2 :]:
+                if host_ not in self.bins:
+                    del self.requests[host_]
+
+    def wait(self, host: str, ts: float, seconds: float, reason: str) -> None:
+        waits = self.waits.get(host)
+        if waits is None:
+            if len(self.waits) >= MAX_HOSTS:
+                return
+            waits = self.waits[host] = HostWaits()
+        waits.episodes += 1
+        waits.seconds += seconds
+        # An episode says every reason that held it, "; "-separated.
+        backoff = next((r for r in reason.split("; ") if r.startswith("back-off")), None)
+        if backoff is not None:
+            waits.backoffs += 1
+            if waits.last_backoff_ts is None or ts >= waits.last_backoff_ts:
+                waits.last_backoff, waits.last_backoff_ts = backoff, ts
+        if match := _CRAWL_DELAY.search(reason):
+            self.crawl_delays[host] = float(match.group(1))
+
+    def _drop_quietest(self) -> None:
+        quietest = min(self.bins, key=lambda h: (self.requests[h], h))
+        del self.bins[quietest]
+        self.dropped += 1
+
+    def _coarsen(self) -> None:
+        for host, bins in self.bins.items():
+            merged: Counter[int] = Counter()
+            for key, n in bins.items():
+                merged[key // 2] += n
+            self.bins[host] = merged
+        self.width *= 2
+
+    def merge(self, other: HostRates) -> None:
+        while self.width < other.width:
+            self._coarsen()
+        self.requests.update(other.requests)
+        for host, bins in other.bins.items():
+            into = self.bins.setdefault(host, Counter())
+            for key, n in bins.items():
+                into[key * other.width // self.width] += n
+        while len(self.bins) > MAX_RATE_HOSTS:
+            self._drop_quietest()
+        self.dropped += other.dropped
+        self.crawl_delays.update(other.crawl_delays)
+        for host, waits in other.waits.items():
+            self.waits.setdefault(host, HostWaits()).merge(waits)
+
+    def busiest(self, count: int) -> list[str]:
+        """The binned hosts with most requests, most first."""
+        return sorted(self.bins, key=lambda h: (-self.requests[h], h))[:count]
+
+    def peak(self, host: str) -> float:
+        """The most requests per second ``host`` got in one bin (``width`` seconds)."""
+        bins = self.bins.get(host)
+        return max(bins.values()) / self.width if bins else 0.0
+
+    def series(self, host: str) -> list[tuple[float, float]]:
+        """(bin start epoch, requests per second) of ``host``, empty bins included."""
+        bins = self.bins.get(host) or {}
+        if not bins:
+            return []
+        lo, hi = min(bins), max(bins)
+        return [(k * self.width, bins.get(k, 0) / self.width) for k in range(lo, hi + 1)]
 
 
 class _Clock:
@@ -347,3 +473,9 @@ def _count(stats: LogStats, entry: dict, ts: float, outcome: str) -> None:
     proxy = entry.get("proxy")
     if proxy:
         stats.proxy_outcomes[proxy][outcome] += 1
+    if outcome in REQUEST_OUTCOMES and entry.get("key"):
+        stats.rates.request(host_of(entry.get("url") or ""), ts)
+    elif outcome == "host_wait":
+        host = entry.get("host") or host_of(entry.get("url") or "")
+        seconds = (entry.get("elapsed_ms") or 0) / 1000
+        stats.rates.wait(str(host), ts, float(seconds), str(entry.get("reason") or ""))

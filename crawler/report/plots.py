@@ -219,3 +219,27 @@ def lease_figure(name: str, proxies: list[tuple[str, list[tuple[float, float, st
     _time_axis(ax)
     _legend(canvas, ax)
     return canvas.svg()
+
+
+def host_rate_figure(
+    name: str, width: int, hosts: list[tuple[str, list[tuple[float, float]], float | None]]
+) -> str:
+    """Requests per second over time, one line per host, each with its limit dashed in
+    the same colour. *hosts* holds (host, [(bin start epoch, requests/s)], limit), in
+    bins *width* seconds wide."""
+    canvas = Canvas(name)
+    ax = canvas.axes[0]
+    for index, (host, series, limit) in enumerate(hosts):
+        if not series:
+            continue
+        colour = f"C{index % 10}"
+        when = _times([start for start, _ in series] + [series[-1][0] + width])
+        values = [rate for _, rate in series]
+        canvas.mark(ax.step(when, values + values[-1:], where="post", label=host, color=colour))
+        if limit:
+            canvas.mark(ax.axhline(limit, linestyle="--", linewidth=1, color=colour))
+    ax.set_ylabel("requests/s")
+    ax.set_ylim(bottom=0)
+    _time_axis(ax)
+    _legend(canvas, ax)
+    return canvas.svg()

@@ -331,3 +331,44 @@ def read_queues(hub_url: str, window: float = 600.0) -> list[QueueSummary]:
             return queues
     except Exception as exc:  # HubError, sqlite3.Error, psycopg.Error: all name the hub
         raise ReportError(f"hub {redact(hub_url)}: cannot read its work queues: {exc}") from exc
+
+
+@dataclass
+class HubHost:
+    """One host's budget in the hub (``hub_hosts``): its interval and concurrency, the
+    Crawl-delay it keeps to, and the back-off left (seconds from the hub's now)."""
+
+    key: str
+    interval: float
+    concurrency: int
+    crawl_delay: float | None
+    backoff_left: float
+    backoff_reason: str | None
+
+
+def read_host_budgets(hub_url: str) -> list[HubHost]:
+    """The hub's host budgets, through its own API; none when it keeps none."""
+    from crawler.hub import Hub
+
+    try:
+        with Hub.open(hub_url) as hub:
+            if not hub.query(table_sql(hub.backend == "sqlite"), ("hub_hosts",))[0][0]:
+                return []
+            now = hub.now()
+            rows = hub.query(
+                "SELECT key, interval_s, concurrency, crawl_delay, backoff_until, "
+                "backoff_reason FROM hub_hosts ORDER BY key"
+            )
+    except Exception as exc:  # HubError, sqlite3.Error, psycopg.Error: all name the hub
+        raise ReportError(f"hub {redact(hub_url)}: cannot read its host budgets: {exc}") from exc
+    return [
+        HubHost(
+            str(key),
+            float(interval or 0),
+            int(concurrency or 1),
+            None if delay is None else float(delay),
+            max(float(until or 0) - now, 0.0),
+            reason,
+        )  # fmt: skip
+        for key, interval, concurrency, delay, until, reason in rows
+    ]
