@@ -139,6 +139,7 @@ LONG_FIRST = [
     "test_jobs", "test_cluster", "test_reparse", "test_start", "test_items_crash",
     "test_item_exports", "test_shell", "test_item_names", "test_failures", "test_hub",
     "test_outcomes", "test_signals", "test_render_promises", "test_read_nothing",
+    "test_politeness",
 ]  # fmt: skip
 # Long modules whose tests share a module-scoped fixture (a crawl, a browser, two runs
 # of make demo), made once per worker that runs any of them.
