@@ -10,6 +10,7 @@ statements below.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 from collections.abc import Iterable, Iterator
@@ -20,6 +21,8 @@ from pathlib import Path
 from crawler.storage.batch import BatchWriter
 from crawler.storage.errors import CatalogError
 from crawler.storage.records import Row
+
+logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 4
 # Read-only users (tools, merges, other tasks' catalogs: CATALOG_SEEN) read a catalog
@@ -186,6 +189,7 @@ DELETE = "DELETE FROM artifacts WHERE key = ?"
 # crawl that asks for it, kept from then on (docs/reference/data-directory.md).
 DIGEST_INDEX = "CREATE INDEX IF NOT EXISTS artifacts_digest ON artifacts (payload_digest)"
 BY_DIGEST = "WHERE payload_digest = ? AND rendered = 0 LIMIT 1"
+HAS_DIGEST_INDEX = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'artifacts_digest'"
 # Rows whose archive is not in the temporary table ``archives`` (see keep_archives).
 DELETE_OUTSIDE = "DELETE FROM artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
 SUMMARY = "SELECT status, row_count, byte_count FROM totals WHERE row_count > 0 ORDER BY status"
@@ -446,6 +450,11 @@ class Catalog:
 
     def index_digests(self) -> None:
         """Make the index of payload digests (once; a while on a large catalog)."""
+        if self.conn.execute(HAS_DIGEST_INDEX).fetchone() is not None:
+            return
+        logger.info(
+            "Indexing the payload digests of %s (once, for ARCHIVE_DEDUP=digest)", self.path
+        )
         with self.transaction():
             self.conn.execute(DIGEST_INDEX)
 

@@ -220,7 +220,11 @@ class StorageSession:
                 len(recovery.log_cut),
                 self.datadir.action_log_path,
             )
-        Catalog(self.datadir.catalog_path).close()  # creates or migrates it
+        with Catalog(self.datadir.catalog_path) as catalog:  # creates or migrates it
+            if self.config.store.dedup == "digest":
+                # Here rather than in the writer process, whose start has a time limit:
+                # the first crawl with ARCHIVE_DEDUP=digest indexes the whole catalog.
+                catalog.index_digests()
         self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
         self.log = ActionLog(self.datadir.action_log_path)
         if settings is not None:
