@@ -184,8 +184,11 @@ async def test_reparse_gives_the_items_of_both_crawls_for_unchanged_pages(shop, 
     await crawl(ProductsSpider, data_dir, urls=str(urls), revalidate="1")
     crawled = products(data_dir)
     changed = change_some(shop)
+    since = max(row.fetched_at for row in catalog_rows(data_dir).values())
     await crawl(ProductsSpider, data_dir, urls=str(urls), revalidate="1")
     again = products(data_dir)
+    outcomes = second_run_outcomes(data_dir, since)
+    assert list(outcomes.values()).count("unchanged") == PAGES - len(changed)
     reparse = subprocess.run(
         [sys.executable, "-m", "scrapy", "reparse", "products", "-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,

@@ -27,8 +27,8 @@ class Outcome(StrEnum):
     # An item of a stored page that could not be stored (pipelines/catalog.py).
     ITEM_ERROR = "item_error"
     # A page fetched again whose payload is the one stored for its key: kept as a
-    # revisit record referring to it (listed last: the end summary's older figures
-    # keep their order).
+    # revisit record referring to it (listed after the older outcomes, so that the end
+    # summary's figures keep their order).
     UNCHANGED = "unchanged"
     # Requests waited for their host's budget (middlewares/host_budget.py): one line per
     # wait episode, naming the host and why; its URL is the first request that waited.
