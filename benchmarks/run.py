@@ -19,6 +19,10 @@ SECTIONS = [
         "Revalidation of 500 stored pages (304s) against a bare spider (200s)",
         "benchmarks.bench_revalidate",
     ),
+    (
+        "Revisits: archive growth of a second crawl of 1,000 pages without validators, speed",
+        "benchmarks.bench_revisits",
+    ),
     ("Duplicate filter: Scrapy's against the project's", "benchmarks.bench_dupefilter"),
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),
