@@ -118,3 +118,50 @@ async def test_crawl_delay_holds_the_cluster_and_robots_is_fetched_once(tmp_path
         gaps = [b - a for a, b in zip(pages, pages[1:], strict=False)]
         assert len(pages) == 6 and min(gaps) >= 1.0 - SLACK, gaps
     assert set().union(*(stored(tmp_path / f"data{i}") for i in range(3))) == set(urls[:6])
+
+
+def test_per_proxy_budgets_make_each_proxy_one_visitor(tmp_path):
+    """HOST_BUDGET_PER_PROXY: a host reached through two leased proxies has a budget per
+    proxy, so it sees two visitors at DOWNLOAD_DELAY each, never more. (A process of its
+    own: proxy leases run as in the proxy tests.)"""
+    import shutil
+
+    from crawler.hub import Hub
+    from crawler.hub.hostbudget import HostBudgetStore
+    from tests.conftest import run_crawl, write_urls
+    from tests.hubs import open_proxies
+    from tests.proxy_servers import TinyProxy
+    from tests.servers import need
+
+    if shutil.which("tinyproxy") is None:
+        need("tinyproxy is not installed (Debian: apt-get install tinyproxy)")
+    proxies = [TinyProxy(f"visitor-{n}", tmp_path) for n in range(2)]
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    try:
+        for proxy in proxies:
+            proxy.start()
+        with open_proxies(hub) as pool:
+            pool.add([proxy.url for proxy in proxies])
+        with HostServers(["127.0.0.1"], latency=0.02) as hosts:
+            urls = hosts.urls("127.0.0.1", 12)
+            settings = {
+                **QUIET,
+                "HUB_URL": hub,
+                "HOST_BUDGET_PER_PROXY": True,
+                "PROXY_LEASES_PER_PROCESS": 2,
+                "PROXY_ROTATE_EVERY": 1000,
+                "DOWNLOAD_DELAY": 1.0,
+                "ROBOTSTXT_OBEY": False,
+            }
+            args = [a for k, v in settings.items() for a in ("-s", f"{k}={v}")]
+            done = run_crawl(write_urls(tmp_path / "urls.txt", urls), tmp_path / "data", *args)
+            assert done.returncode == 0, done.stderr[-3000:]
+            starts = [r.start for r in hosts["127.0.0.1"].log()]
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+    with Hub.open(hub) as opened:
+        keys = {state.key for state in HostBudgetStore.open(opened).hosts()}
+    assert keys == {f"127.0.0.1 via {proxy.url}" for proxy in proxies}
+    assert max_in_window(starts, 1.0 - SLACK) == 2, starts
+    assert stored(tmp_path / "data") == set(urls)
