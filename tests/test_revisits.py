@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import sqlite3
@@ -113,11 +114,16 @@ async def two_crawls(shop, data_dir, settings=None, query=""):
 
 @pytest.mark.parametrize("fmt", ["warc", "zip", "sqlite"])
 @deferred_f_from_coro_f
-async def test_unchanged_pages_become_revisits_of_the_stored_record(shop, data_dir, fmt):
+async def test_unchanged_pages_become_revisits_of_the_stored_record(shop, data_dir, fmt, caplog):
+    caplog.set_level(logging.INFO)
     first, second, changed, since = await two_crawls(
         shop, data_dir, settings={"ARCHIVE_FORMAT": fmt}
     )
     assert len(second) == PAGES
+    # The end summary tells whole copies from revisits.
+    unchanged = PAGES - len(CHANGED)
+    said = f"This run stored {len(CHANGED)} responses ("
+    assert said in caplog.text and f", {unchanged} unchanged as revisits," in caplog.text
     outcomes = second_run_outcomes(data_dir, since)
     for key, row in second.items():
         was = first[key]

@@ -113,12 +113,14 @@ class EndSummary:
     body_bytes: int
     archive_bytes: int
     archive_files: int
+    revisits: int = 0  # pages fetched again unchanged, stored as revisits
 
     def text(self) -> str:
         by_status = ", ".join(f"{s}: {n}" for s, n in self.by_status.items()) or "none"
         return (
-            f"This run stored {self.stored} responses ({self.stored_bytes:,} bytes) and "
-            f"refreshed {self.refreshed}.\n"
+            f"This run stored {self.stored} responses ({self.stored_bytes:,} bytes)"
+            + (f", {self.revisits} unchanged as revisits," if self.revisits else "")
+            + f" and refreshed {self.refreshed}.\n"
             f"Catalog {self.datadir.catalog_path}: {self.rows} rows ({by_status}), "
             f"{self.body_bytes:,} bytes of bodies.\n"
             f"Archive {self.datadir.archive_dir}: {self.archive_bytes / 1e6:.1f} MB in "
@@ -322,6 +324,7 @@ class StorageSession:
             stored=stored["stored"],
             stored_bytes=stored["bytes"],
             refreshed=stored["refreshed"],
+            revisits=stored.get("revisits", 0),
             datadir=self.datadir,
             rows=totals["rows"],
             by_status=totals["by_status"],

@@ -180,6 +180,8 @@ class Store:
             self.revisits += 1
         else:
             row = self.archive.write_fetch(fetch)
+            self.stored += 1
+            self.bytes += row.bytes
             if self._recent is not None and not row.rendered:
                 self._recent[row.payload_digest] = row
         if self.items is not None and fetch.parsed:
@@ -195,8 +197,6 @@ class Store:
                 self._actions.append(action)
             self.page_log.add(row.key)
             self.batch.upsert(row)
-        self.stored += 1
-        self.bytes += row.bytes
         self._maybe_roll()
         return row
 
