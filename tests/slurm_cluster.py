@@ -3,8 +3,9 @@
 ``slurm_cluster`` (session fixture) installs Debian's packages when they are missing
 (root and apt-get needed), writes a slurm.conf in a temporary directory (ports the OS
 picks, no cgroups, fast scheduling and requeues), starts the daemons, waits for an idle
-node and stops everything at the end. Where any of that cannot be done, the tests are
-skipped with the reason (failed where REQUIRE_SERVERS=1, as on CI).
+node and stops its daemons at the end (munged, the machine's, stays running). One
+cluster serves every Slurm test of a test process. Where any of that cannot be done,
+the tests are skipped with the reason (failed where REQUIRE_SERVERS=1, as on CI).
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ class SlurmCluster:
         self.root = root
         self.conf = root / "slurm.conf"
         self.daemons: dict[str, subprocess.Popen] = {}
-        self.started_munge = False
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
 
     def write_conf(self) -> None:
@@ -145,7 +145,6 @@ class SlurmCluster:
             done = _run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
             if done.returncode != 0:
                 need(f"cannot start munged: {done.stderr.strip()}")
-            self.started_munge = True
             _wait(_munge_ok, 20, "munge")
         self.write_conf()
         for daemon in ("slurmctld", "slurmd"):
@@ -222,21 +221,31 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=15)
-        if self.started_munge:
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(Path("/run/munge/munged.pid").read_text()), signal.SIGTERM)
+        # munged stays: it is the machine's, and another test cluster on this machine
+        # (another worker's, another checkout's) may be using it.
+
+
+# The cluster of this test process. Each module that imports the fixture holds a copy
+# of it, a session fixture of its own: the first to run starts the cluster (and stops
+# it at the end), the others use it.
+_STARTED: list[SlurmCluster] = []
 
 
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
+    if _STARTED:
+        yield _STARTED[0]
+        return
     if not shutil.which("apt-get") and not shutil.which("slurmctld"):
         need("Slurm is not installed and this machine has no apt-get")
     install()
     cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
     try:
         cluster.start()
+        _STARTED.append(cluster)
         yield cluster
     finally:
+        _STARTED.clear()
         cluster.stop()
 
 
