@@ -102,6 +102,9 @@ class _Slot:
     busy: bool = False
     idle_since: float = 0.0
     last_sent: float | None = None
+    # Given up (a back-off, a longer Crawl-delay): goes back once its request ends,
+    # whatever a renewal says.
+    retired: bool = False
 
     def release_item(self, now: float) -> tuple[int, float | None]:
         """What the hub is told when it goes: its id, seconds since its last request."""
@@ -211,7 +214,7 @@ class HostGates:
         if now + seconds > gate.backoff_until:
             gate.backoff_until, gate.backoff_reason = now + seconds, reason
         for slot in gate.slots:
-            slot.expires = min(slot.expires, now)
+            slot.retired = True
         self._dispatch(gate)
 
     def crawl_delay(self, key: str, delay: float | None, fetched_here: bool) -> None:
@@ -223,7 +226,7 @@ class HostGates:
             gate.interval = max(gate.interval, delay)
             for slot in gate.slots:
                 if slot.slot.interval < delay:
-                    slot.expires = min(slot.expires, self.clock.now())
+                    slot.retired = True
         if fetched_here:
             self._call(
                 lambda: self.store.set_crawl_delay(key, delay), lambda _: None, "setting a delay"
@@ -273,7 +276,12 @@ class HostGates:
         best_at = 0.0
         for slot in gate.slots:
             at = slot.next_time()
-            if slot.busy or at is None or slot.expires - EXPIRY_MARGIN <= max(at, now):
+            if (
+                slot.busy
+                or at is None
+                or slot.retired
+                or slot.expires - EXPIRY_MARGIN <= max(at, now)
+            ):
                 continue
             if best is None or at < best_at:
                 best, best_at = slot, at
@@ -286,7 +294,7 @@ class HostGates:
         due: float | None = None
         for slot in gate.slots:
             at = slot.next_time()
-            spent = at is None or slot.expires - EXPIRY_MARGIN <= max(now, at)
+            spent = at is None or slot.retired or slot.expires - EXPIRY_MARGIN <= max(now, at)
             if not spent and not slot.busy and not gate.waiters:
                 idle_end = slot.idle_since + self.config.linger_seconds
                 if idle_end > now:
