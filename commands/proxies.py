@@ -64,7 +64,7 @@ class Command(ScrapyCommand):
                 f"`proxies {action}` takes {want if want is not None else '1+'} argument(s)"
             )
         # The hub here, not at the top: Scrapy imports every command's module to run any
-        # one of them, and the hub's modules are a tenth of a re-parse's start-up.
+        # one of them, and most commands have no use for the hub.
         from crawler.hub import Hub, HubError, ProxyPool
         from crawler.hub.admin import ProxyAdmin
         from crawler.hub.db import hub_url
