@@ -225,9 +225,9 @@ def psycopg_connect_like(conn):
 def test_advisory_lock_keys_are_one_registry():
     """No two uses share a key (the work-queue schema once shared the vacuum's)."""
     keys = [int(k) for k in AdvisoryLock]
-    assert len(keys) == len(set(keys)) == 4
-    from crawler.hub import jobs, proxies, workqueue
+    assert len(keys) == len(set(keys))
+    from crawler.hub import hostbudget, jobs, lease_postgres, proxies, workqueue
 
-    for module in (jobs, proxies, workqueue):
+    for module in (hostbudget, jobs, lease_postgres, proxies, workqueue):
         source = Path(module.__file__).read_text()
         assert "7302519" not in source, f"{module.__name__} spells a key of its own"
