@@ -282,7 +282,7 @@ class _HubThread:
 
         if not self._pool.started:
             self._pool.start()
-            self._shutdown = reactor.addSystemEventTrigger("during", "shutdown", self.stop)
+            self._shutdown = reactor.addSystemEventTrigger("during", "shutdown", self._at_shutdown)
         return deferToThreadPool(reactor, self._pool, fn)
 
     def run(
@@ -306,6 +306,15 @@ class _HubThread:
         if self._shutdown is not None:
             reactor.removeSystemEventTrigger(self._shutdown)
             self._shutdown = None
+        self._stop_pool()
+
+    def _at_shutdown(self) -> None:
+        # A trigger that is firing cannot be removed (ValueError): had it tried, the pool
+        # would never stop, and its thread would keep a force-stopped crawl alive.
+        self._shutdown = None
+        self._stop_pool()
+
+    def _stop_pool(self) -> None:
         if self._pool.started and not self._pool.joined:
             self._pool.stop()
 

@@ -351,7 +351,10 @@ class HostGates:
 
     # --- the hub ------------------------------------------------------------------------
     def _ask(self, gate: _Gate) -> None:
-        wanted = min(len(gate.waiters), gate.concurrency) - sum(1 for s in gate.slots)
+        # A slot busy with a request in flight serves no waiter until it ends: waiters
+        # beyond the free slots need slots of their own, up to the concurrency.
+        free = sum(1 for s in gate.slots if not s.busy and not s.retired)
+        wanted = min(len(gate.waiters) - free, gate.concurrency - len(gate.slots))
         if wanted <= 0:
             return
         count = slots_for(gate.interval, self.config.slot_seconds, len(gate.waiters))
