@@ -36,8 +36,9 @@ NAMING = (
     "scrapy.core.downloader.handlers.http2",
 )
 SCRAPER = "scrapy.core.scraper"
-# Logs a failed robots.txt download naming the page that waited for it.
-ROBOTS = "scrapy.downloadermiddlewares.robotstxt"
+# Log a failed robots.txt download: Scrapy's middleware, and ours that shares robots.txt
+# through the hub (it fetches the file itself).
+ROBOTS = ("scrapy.downloadermiddlewares.robotstxt", "middlewares.robotstxt")
 _REQUEST = re.compile(r"<[A-Z]+ [^\s>]+>")
 _ORIGIN = re.compile(r"<[A-Z]+ ([a-z]+://[^/\s>]+)")
 
@@ -76,7 +77,7 @@ class ProblemLines(logging.Filter):
         self.remember = remember
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name in (SCRAPER, ROBOTS):
+        if record.name in (SCRAPER, *ROBOTS):
             self._download_error(record)
         elif record.levelno >= logging.WARNING:
             for request in _REQUEST.findall(record.getMessage()):
@@ -110,7 +111,7 @@ def quiet_crawl_log(quiet: bool = True) -> None:
             also = _off_by_default if name == "scrapy.middleware" else (lambda record: False)
             logger.addFilter(DemoteFilter(prefixes, also))
     problems = ProblemLines()
-    for name in (*NAMING, SCRAPER, ROBOTS):
+    for name in (*NAMING, SCRAPER, *ROBOTS):
         logger = logging.getLogger(name)
         if not any(isinstance(f, ProblemLines) for f in logger.filters):
             logger.addFilter(problems)

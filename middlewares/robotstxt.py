@@ -96,7 +96,7 @@ class RobotsTxtMiddleware(ScrapyRobotsTxtMiddleware):
             resp = await self.crawler.engine.download_async(robotsreq)
         except Exception as exc:
             if not isinstance(exc, IgnoreRequest):
-                logger.error("Error downloading %s: %s", robotsreq, exc)
+                logger.error("Error downloading %s: %s", robotsreq, exc, exc_info=exc)
             self._robots_error(exc, netloc)
             self._stats.inc_value("robotstxt/request_count")
             await self._store(budget, netloc, None, b"")
