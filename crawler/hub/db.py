@@ -38,6 +38,12 @@ Params = Sequence[Any]
 Migration = str | tuple[str, str]
 logger = logging.getLogger(__name__)
 
+# Connections of this process to each hub that are down: a process holds several (proxy
+# leases, host budgets), and an outage is told once, by the first to lose the hub and
+# the last to get it back.
+_DOWN: dict[str, int] = {}
+_DOWN_LOCK = threading.Lock()
+
 
 def hub_url(
     settings: Mapping[str, Any] | Any,
@@ -228,6 +234,14 @@ class Hub:
                 self._conn.close()
             self._conn = None
             self._connect = None
+            if self._down_since is not None:
+                # Closed while down: it no longer holds back the news of the return.
+                self._down_since = None
+                with _DOWN_LOCK:
+                    if _DOWN.get(self.url, 0) > 1:
+                        _DOWN[self.url] -= 1
+                    else:
+                        _DOWN.pop(self.url, None)
 
     # --- a PostgreSQL hub that goes away -------------------------------------------------
     def _connection(self) -> Any:
@@ -249,7 +263,15 @@ class Hub:
             self._lost(str(exc))
             raise
         if self._down_since is not None:
-            logger.warning("The hub %s is back after %.1f s", self.label, now - self._down_since)
+            with _DOWN_LOCK:
+                _DOWN[self.url] -= 1
+                last = not _DOWN[self.url]
+                if last:
+                    del _DOWN[self.url]
+            if last:
+                logger.warning(
+                    "The hub %s is back after %.1f s", self.label, now - self._down_since
+                )
         self._down_since, self._retry_delay = None, self.RETRY_FIRST
         return self._conn
 
@@ -258,13 +280,17 @@ class Hub:
         self._last_error = reason
         if self._down_since is None:
             self._down_since = now
-            logger.warning(
-                "Lost the hub %s (%s): waiting for it, trying again every %g-%g s",
-                self.label,
-                reason,
-                self.RETRY_FIRST,
-                self.RETRY_MAX,
-            )
+            with _DOWN_LOCK:
+                first = not _DOWN.get(self.url)
+                _DOWN[self.url] = _DOWN.get(self.url, 0) + 1
+            if first:
+                logger.warning(
+                    "Lost the hub %s (%s): waiting for it, trying again every %g-%g s",
+                    self.label,
+                    reason,
+                    self.RETRY_FIRST,
+                    self.RETRY_MAX,
+                )
         else:
             self._retry_delay = min(self._retry_delay * 2, self.RETRY_MAX)
         self._retry_at = now + self._retry_delay
