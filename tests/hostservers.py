@@ -57,7 +57,7 @@ class Reply:
 class Request:
     path: str
     start: float  # time.monotonic() when the request line was read
-    end: float | None  # ... when the reply was written; None while in progress
+    end: float | None  # ... when the reply was ready to write; None while in progress
     wall: float  # time.time() at the start
     status: int
 
@@ -101,6 +101,13 @@ class HostServer:
                     server.requests.append(Request(self.path, start, None, wall, reply.status))
                 if server.latency:
                     time.sleep(server.latency)
+                # Ended once the answer is ready, before it is written: logged after the
+                # write, a client that read its reply could start its next request before
+                # this thread got the lock, and sequential requests looked concurrent.
+                with server._lock:
+                    server.requests[index] = Request(
+                        self.path, start, time.monotonic(), wall, reply.status
+                    )
                 self.send_response(reply.status)
                 headers = {"Content-Type": "text/html", **reply.headers}
                 for key, value in headers.items():
@@ -109,10 +116,6 @@ class HostServer:
                 self.end_headers()
                 self.wfile.write(reply.body)
                 self.wfile.flush()
-                with server._lock:
-                    server.requests[index] = Request(
-                        self.path, start, time.monotonic(), wall, reply.status
-                    )
 
             def log_message(self, format: str, *args: object) -> None:
                 pass
@@ -215,11 +218,15 @@ class HostServers:
 
         from tests.loopback_resolver import LoopbackResolver
 
-        old = reactor.installResolver(LoopbackResolver(reactor, 0, 60.0, list(self.servers)))
+        # The name resolver is put back, not the simple one installResolver returns:
+        # reinstalled, that one resolves IPv4 only, and later crawls of this process
+        # (another test on the same worker) could not fetch http://[::1]/.
+        old = reactor.nameResolver
+        reactor.installResolver(LoopbackResolver(reactor, 0, 60.0, list(self.servers)))
         try:
             yield
         finally:
-            reactor.installResolver(old)
+            reactor.installNameResolver(old)
 
     def setting_args(self) -> list[str]:
         """:meth:`settings` as ``-s KEY=VALUE`` arguments of ``scrapy crawl``."""
