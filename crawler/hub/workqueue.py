@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from crawler.hub.db import Hub
+from crawler.hub.db import Hub, Transaction
 from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.hub.locks import AdvisoryLock
@@ -182,6 +182,34 @@ back AS (
 )
 SELECT id FROM ended
 """
+
+
+def _take(tx: Transaction, lease_id: int, old: int | None, pending: str, params: tuple) -> list:
+    """Fill the new lease *lease_id* (SQLite, and split queues on PostgreSQL): with the
+    batch of the expired lease *old*, which ends, else with the pending items that
+    ``SELECT id FROM hub_work_items WHERE`` *pending* (bound to *params*) finds. The
+    ``(id, url)`` taken; none taken, the lease row is deleted."""
+    if old is not None:
+        tx.execute(
+            "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'expired' WHERE id = ?",
+            (old,),
+        )
+        taken = tx.execute(
+            "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? "
+            "AND state = 'leased' RETURNING id, url",
+            (lease_id, old),
+        ).fetchall()
+    else:
+        taken = tx.execute(
+            "UPDATE hub_work_items SET state = 'leased', lease_id = ? WHERE id IN "
+            "(SELECT id FROM hub_work_items WHERE " + pending + ") RETURNING id, url",
+            (lease_id, *params),
+        ).fetchall()
+    if not taken:
+        tx.execute("DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
+    else:
+        tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
+    return taken
 
 
 class WorkQueueError(HubError):
@@ -413,27 +441,15 @@ class WorkQueue:
                 "VALUES (?, ?, NOW(), NOW() + ?) RETURNING id, expires",
                 (self.queue_id, str(holder), ttl),
             ).fetchone()
-            if old is not None:
-                tx.execute(
-                    "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'expired' WHERE id = ?",
-                    (old[0],),
-                )
-                taken = tx.execute(
-                    "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? "
-                    "AND state = 'leased' RETURNING id, url",
-                    (lease_id, old[0]),
-                ).fetchall()
-            else:
-                taken = tx.execute(
-                    "UPDATE hub_work_items SET state = 'leased', lease_id = ? WHERE id IN "
-                    "(SELECT id FROM hub_work_items WHERE queue_id = ? AND state = 'pending' "
-                    "ORDER BY id LIMIT ?" + lock + ") RETURNING id, url",
-                    (lease_id, self.queue_id, size),
-                ).fetchall()
+            taken = _take(
+                tx,
+                lease_id,
+                old[0] if old else None,
+                "queue_id = ? AND state = 'pending' ORDER BY id LIMIT ?" + lock,
+                (self.queue_id, size),
+            )
             if not taken:
-                tx.execute("DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
                 return None
-            tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
 
@@ -466,27 +482,15 @@ class WorkQueue:
                 "VALUES (?, ?, NOW(), NOW() + ?, ?) RETURNING id, expires",
                 (q, holder, ttl, unit),
             ).fetchone()
-            if old is not None:
-                tx.execute(
-                    "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'expired' WHERE id = ?",
-                    (old[0],),
-                )
-                taken = tx.execute(
-                    "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? "
-                    "AND state = 'leased' RETURNING id, url",
-                    (lease_id, old[0]),
-                ).fetchall()
-            else:
-                taken = tx.execute(
-                    "UPDATE hub_work_items SET state = 'leased', lease_id = ? WHERE id IN "
-                    "(SELECT id FROM hub_work_items WHERE queue_id = ? AND unit = ? "
-                    "AND state = 'pending' ORDER BY id LIMIT ?) RETURNING id, url",
-                    (lease_id, q, unit, size),
-                ).fetchall()
+            taken = _take(
+                tx,
+                lease_id,
+                old[0] if old else None,
+                "queue_id = ? AND unit = ? AND state = 'pending' ORDER BY id LIMIT ?",
+                (q, unit, size),
+            )
             if not taken:
-                tx.execute("DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
                 return None
-            tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None, unit)
 
