@@ -57,6 +57,7 @@ class Command(ScrapyCommand):
         from crawler.hub.db import hub_url
         from crawler.hub.jobchecks import JobSettingError, check_settings
         from crawler.hub.jobs import parse_assignments
+        from crawler.hub.workqueue import unit_holders
         from crawler.spiderkit.urls import UrlList
 
         pick_action(args, ACTIONS)
@@ -98,7 +99,8 @@ class Command(ScrapyCommand):
                 admin = JobAdmin(hub)
                 if action == "create":
                     partition = self.settings.get("CRAWL_PARTITION")
-                    print(admin.create(rest[0], opts.spider, given, urls, partition))
+                    holders = unit_holders(self.settings)
+                    print(admin.create(rest[0], opts.spider, given, urls, partition, holders))
                 elif action == "set":
                     print(admin.set(rest[0], given))
                 elif action == "list":

@@ -36,7 +36,9 @@ class Command(ScrapyCommand):
             "again adds nothing. Each URL is loaded with its partition unit (--partition, "
             "default the CRAWL_PARTITION setting: domain): a batch holds one unit's URLs "
             "and a unit's batches are leased to one task at a time, so that one process "
-            "at a time fetches a site; url: batches of any URLs. `status` shows how many "
+            "at a time fetches a site, or to as many as its host budget lets ask at once "
+            "(CONCURRENT_REQUESTS_PER_DOMAIN with HOST_BUDGET_ENABLED, the default); "
+            "url: batches of any URLs. `status` shows how many "
             "URLs are done, leased, expired and pending; `stats` adds failures, the speed over the last 10 minutes, the ETA "
             "and the batches each host holds. The hub is named by the HUB_URL setting or "
             "environment variable."
@@ -60,6 +62,7 @@ class Command(ScrapyCommand):
         from crawler.hub import Hub, HubError
         from crawler.hub.admin import QueueAdmin
         from crawler.hub.db import hub_url
+        from crawler.hub.workqueue import unit_holders
 
         assert self.settings is not None
         try:
@@ -67,7 +70,8 @@ class Command(ScrapyCommand):
                 admin = QueueAdmin(hub)
                 if action == "load":
                     partition = opts.partition or self.settings.get("CRAWL_PARTITION")
-                    print(admin.load(*rest, partition=check_mode(partition)))
+                    holders = unit_holders(self.settings)
+                    print(admin.load(*rest, partition=check_mode(partition), holders=holders))
                 elif action == "stats":
                     print(admin.stats(*rest))
                 else:

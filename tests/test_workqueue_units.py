@@ -155,7 +155,8 @@ def test_queue_load_takes_the_partition_from_the_option_or_the_setting(tmp_path)
     urls.write_text("".join(f"{url}\n" for url in URLS))
     done = scrapy_with_hub("queue", "load", "d", str(urls), hub=hub)
     assert done.returncode == 0, done.stderr
-    assert "queue 'd': a batch per domain, leased to one holder at a time" in done.stdout
+    # Scrapy's CONCURRENT_REQUESTS_PER_DOMAIN (8), which host budgets hold cluster-wide.
+    assert "queue 'd': a batch per domain, leased to up to 8 holders at a time" in done.stdout
     done = scrapy_with_hub("queue", "load", "h", str(urls), "--partition", "host", hub=hub)
     assert "a batch per host" in done.stdout, done.stderr
     done = scrapy_with_hub("queue", "-s", "CRAWL_PARTITION=url", "load", "u", str(urls), hub=hub)
@@ -165,3 +166,51 @@ def test_queue_load_takes_the_partition_from_the_option_or_the_setting(tmp_path)
     assert "is split by url, not domain: load it with --partition url" in again.stderr
     bad = scrapy_with_hub("queue", "-s", "CRAWL_PARTITION=sites", "load", "x", str(urls), hub=hub)
     assert bad.returncode == 2 and "'sites' is not a partition mode" in bad.stderr
+
+
+def lease_at_once(url: str, name: str, holders: list[str]) -> dict[str, str | None]:
+    """Each holder leases a batch of queue *name* at the same moment, over a connection
+    of its own, and keeps it: the unit each one got (None: nothing)."""
+    got: dict[str, str | None] = {}
+    start = threading.Barrier(len(holders))
+
+    def holder(who: str) -> None:
+        with Hub.open(url) as hub:
+            queue = WorkQueue(hub, name, create=False)
+            start.wait(timeout=30)
+            batch = queue.lease(who, 2, ttl=60)
+            got[who] = batch.unit if batch else None
+
+    threads = [threading.Thread(target=holder, args=(who,)) for who in holders]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    return got
+
+
+def test_queue_load_lets_a_unit_have_as_many_holders_as_its_host_budget(tmp_path, hub_url):  # noqa: F811
+    # One large site and a small one, the list sorted by site.
+    urls = tmp_path / "urls.txt"
+    big = [f"http://www.alpha.com/p/{n}" for n in range(8)]
+    urls.write_text(
+        "".join(f"{url}\n" for url in [*big, "http://beta.co.uk/", "http://beta.co.uk/x"])
+    )
+    two = scrapy_with_hub("queue", "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=2", "load", "two",
+                          str(urls), hub=hub_url)  # fmt: skip
+    assert two.returncode == 0, two.stderr
+    assert "a batch per domain, leased to up to 2 holders at a time" in two.stdout
+    # The hub keeps a host to 2 requests at once whoever asks: two holders fetch alpha.com.
+    got = lease_at_once(hub_url, "two", ["a", "b", "c"])
+    assert sorted(got.values()) == ["alpha.com", "alpha.com", "beta.co.uk"], got
+    # A budget of 1, or none shared (each process keeps its own limits): one holder.
+    for name, setting in (("one", "CONCURRENT_REQUESTS_PER_DOMAIN=1"),
+                          ("own", "HOST_BUDGET_ENABLED=0")):  # fmt: skip
+        done = scrapy_with_hub("queue", "-s", setting, "load", name, str(urls), hub=hub_url)
+        assert "leased to one holder at a time" in done.stdout, done.stderr
+        got = lease_at_once(hub_url, name, ["a", "b", "c"])
+        assert sorted(map(str, got.values())) == ["None", "alpha.com", "beta.co.uk"], got
+    with Hub.open(hub_url) as hub:
+        two = WorkQueue(hub, "two", create=False)
+        held = [lease for lease in two.leases() if lease["ended"] is None]
+        assert len(held) == 3

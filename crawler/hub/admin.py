@@ -197,20 +197,24 @@ class QueueAdmin:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
 
-    def load(self, name: str, path: str, partition: str = "url") -> str:
+    def load(self, name: str, path: str, partition: str = "url", holders: int = 1) -> str:
         """Add the list at *path* to queue *name* (created if new), each batch to hold
-        one *partition* unit's URLs; what it did, and the queue's progress."""
+        one *partition* unit's URLs, each unit leased to *holders* at once; what it
+        did, and the queue's progress."""
         with open_url_list(path) as stream:
-            return self.load_lines(name, list_lines(stream), partition)
+            return self.load_lines(name, list_lines(stream), partition, holders)
 
-    def load_lines(self, name: str, urls: Iterable[str], partition: str = "url") -> str:
+    def load_lines(
+        self, name: str, urls: Iterable[str], partition: str = "url", holders: int = 1
+    ) -> str:
         """Add *urls* to queue *name* (created if new); what it did, and its progress."""
         queue = WorkQueue(self.hub, name)
-        added, present = queue.load(urls, partition=partition)
+        added, present = queue.load(urls, partition=partition, holders=holders)
+        at_once = "one holder" if holders == 1 else f"up to {holders} holders"
         split = (
             "batches of any URLs"
             if queue.partition == "url"
-            else f"a batch per {queue.partition}, leased to one holder at a time"
+            else f"a batch per {queue.partition}, leased to {at_once} at a time"
         )
         return (
             f"queue {name!r} in {self.hub.label}: {added:,} URLs added, {present:,} already there\n"
@@ -261,13 +265,14 @@ class JobAdmin:
         settings: dict[str, str],
         urls: Iterable[str] | None = None,
         partition: str = "url",
+        holders: int = 1,
     ) -> str:
         """Create job *name*; *urls*, the URLs of its work queue (checked already), a
-        batch of it per *partition* unit."""
+        batch of it per *partition* unit, leased to *holders* at once."""
         job = self.store.create(name, spider, settings, queue=name if urls is not None else "")
         lines = [f"job {name!r} created in {self.hub.label}: spider {spider!r}"]
         if urls is not None:
-            lines.append(QueueAdmin(self.hub).load_lines(job.queue, urls, partition))
+            lines.append(QueueAdmin(self.hub).load_lines(job.queue, urls, partition, holders))
         return "\n".join(lines + [_settings_line(job)])
 
     def set(self, name: str, settings: dict[str, str]) -> str:

@@ -18,9 +18,9 @@ last renewed: its batch is then taken over, whole, by the next task that asks.
 - Politeness: a queue loaded with partition ``domain`` or ``host``
   (``crawler/spiderkit/partition.py``) stores each item's unit, a batch holds one unit's
   items, and a unit's batches are leased to at most ``max_holders`` live leases at a
-  time (``hub_work_units``, 1 unless changed): a batch of a unit held that often is not
-  leased, and neither is an expired lease taken over. So one crawl process at a time
-  fetches a site. These leases are serialised (an advisory lock on PostgreSQL), since
+  time (``hub_work_units``, set at load from the host budget, :func:`unit_holders`): a
+  batch of a unit held that often is not leased, and neither is an expired lease taken
+  over. So no more crawl processes at a time fetch a site than its budget allows. These leases are serialised (an advisory lock on PostgreSQL), since
   "is the unit free" and "take it" must be one step. A queue loaded with ``url`` leases
   any items, as before.
 
@@ -293,6 +293,18 @@ def _unit(url: str, mode: str) -> str | None:
         return url
 
 
+def unit_holders(settings: Any) -> int:
+    """How many leases may hold one unit's batches at once under these crawl settings.
+
+    With host budgets on (``HOST_BUDGET_ENABLED``), the hub keeps each host to
+    ``CONCURRENT_REQUESTS_PER_DOMAIN`` requests at once and one per ``DOWNLOAD_DELAY``
+    whichever processes ask: that many holders stay within the budget, each with a
+    request in flight. Off, each process keeps its own limits: one holder at a time."""
+    if not settings.getbool("HOST_BUDGET_ENABLED", True):
+        return 1
+    return max(settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 1), 1)
+
+
 def list_lines(stream: Iterable[str]) -> Iterator[str]:
     """The entries of a URL list: stripped lines, no blanks, no ``#`` comments."""
     for raw in stream:
@@ -339,15 +351,23 @@ class WorkQueue:
 
     # --- loading ----------------------------------------------------------------
     def load(
-        self, urls: Iterable[str], chunk: int = LOAD_CHUNK, partition: str = "url"
+        self,
+        urls: Iterable[str],
+        chunk: int = LOAD_CHUNK,
+        partition: str = "url",
+        holders: int = 1,
     ) -> tuple[int, int]:
         """Add URLs (streamed, one transaction per chunk); return (added, already there).
 
         Loading the same list again adds nothing: items done stay done, so a queue is
         resumed by loading it again under the same name. ``partition``: what a batch
         takes whole (``domain``, ``host``; ``url``: any URLs); a queue keeps the mode
-        it was first loaded with, and loading it with another is refused.
+        it was first loaded with, and loading it with another is refused. ``holders``:
+        how many leases may hold each loaded unit's batches at once (its
+        ``max_holders``, set again for units loaded before; see :func:`unit_holders`).
         """
+        if holders < 1:
+            raise ValueError("a unit needs max_holders >= 1")
         mode = self._set_partition(partition)
         before = self._count()
         seen = 0
@@ -364,9 +384,10 @@ class WorkQueue:
                 )
                 if mode != "url":
                     tx.executemany(
-                        "INSERT INTO hub_work_units (queue_id, unit) VALUES (?, ?) "
-                        "ON CONFLICT (queue_id, unit) DO NOTHING",
-                        sorted({(self.queue_id, row[3]) for row in rows}),
+                        "INSERT INTO hub_work_units (queue_id, unit, max_holders) "
+                        "VALUES (?, ?, ?) ON CONFLICT (queue_id, unit) "
+                        "DO UPDATE SET max_holders = excluded.max_holders",
+                        sorted({(self.queue_id, row[3], holders) for row in rows}),
                     )
         if self.hub.dialect.name == "postgresql":
             # Leases claim stretches of item ids from here (_PG_CLAIM), not from 0.
