@@ -42,7 +42,7 @@ from crawler.storage.actionlog import NOT_FINAL, OUTCOMES, Outcome
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.items import parsed_keys
 from crawler.storage.keys import request_key
-from crawler.storage.records import Fetch, Row, payload_digest
+from crawler.storage.records import Fetch, Row
 from crawler.storage.session import SessionConfig, StorageSession
 from crawler.storage.unsettled import UnsettledKeys
 from extensions.archive_policy import ArchivePolicy, Decision
@@ -124,6 +124,8 @@ class StorageExtension:
         # of millions adds one each), so that a URL met again is counted as a
         # duplicate (``catalog/duplicates``) instead of logged a second time.
         self._finished: set[int] = set()
+        # What the writer had found unchanged at the last count (session.unchanged()).
+        self._unchanged = (0, 0)
 
     @classmethod
     def from_crawler(cls, crawler) -> StorageExtension:
@@ -185,6 +187,8 @@ class StorageExtension:
             self._fail(f"The archive writer failed: {exc}")
             summary = None
         self._wake()  # waiters find no catalog: their requests are fetched
+        self._count_unchanged()  # those of the last commit, from the writer's summary
+        self._push_counts()
         if self.session.recovery is None:
             return  # it never opened: its error said it all
         logger.info("%s", self.outcomes())
@@ -439,6 +443,7 @@ class StorageExtension:
         return row
 
     def _committed(self) -> None:
+        self._count_unchanged()
         # Called while the writer's replies are read, maybe in the middle of a send:
         # the waiters run on their own turn of the reactor.
         if self._waiting and self._wake_call is None:
@@ -476,35 +481,35 @@ class StorageExtension:
     # -- storing -------------------------------------------------------------------------
 
     def store(self, request: Request, fetch: Fetch, stored: Row | None = None) -> None:
-        """Hand an answer to the writer; it logs ``ok`` (``unchanged``: the payload of
-        the key's ``stored`` row, kept as a revisit of it) once the row is committed."""
+        """Hand an answer to the writer; it logs ``ok`` once the row is committed, or
+        ``unchanged`` when the payload is the one of the key's ``stored`` row (kept as
+        a revisit of it). The writer compares the digests, with the one it computes
+        for the record anyway: this thread hashes no body. The answer is counted
+        ``ok`` here, and moved to ``unchanged`` when the writer says so
+        (:meth:`_count_unchanged`)."""
         size = len(fetch.body)
-        original = self._unchanged(fetch, stored)
-        outcome = Outcome.OK if original is None else Outcome.UNCHANGED
         action = self._fields(
-            request, outcome=outcome, status=fetch.status, bytes=size, ts=time.time()
+            request, outcome=Outcome.OK, status=fetch.status, bytes=size, ts=time.time()
         )
         depth = action.pop("depth")
         try:
-            self.session.put(fetch, action, original)
+            self.session.put(fetch, action, self._may_be_unchanged(fetch, stored))
         except StoreError as exc:
             self.failed(request, status=fetch.status, error=f"not stored: {exc}")
             self._fail(str(exc))
             return
-        crawler_signals.mark_final(request, outcome)
+        crawler_signals.mark_final(request, Outcome.OK)
         self._finished.add(hash(fetch.key))
         self._unsettled.stored(fetch.key)
-        if original is None:
-            self._inc("archive/stored")
-            self._inc("archive/stored_bytes", size)
-        else:
-            self._inc("archive/revisits")
-        self._count(outcome, depth)
+        self._inc("archive/stored")
+        self._inc("archive/stored_bytes", size)
+        self._count(Outcome.OK, depth)
 
-    def _unchanged(self, fetch: Fetch, stored: Row | None) -> Row | None:
-        """``stored`` when ``fetch`` brings the very payload its record holds, else None.
-        A row of another data directory (CATALOG_SEEN: its ``archive`` is absolute) is
-        never referred to: this one's archive would not hold it."""
+    def _may_be_unchanged(self, fetch: Fetch, stored: Row | None) -> Row | None:
+        """``stored`` when ``fetch`` may bring the very payload its record holds (the
+        writer compares the digests), else None. A row of another data directory
+        (CATALOG_SEEN: its ``archive`` is absolute) is never referred to: this one's
+        archive would not hold it."""
         if (
             stored is None
             or not self._dedup
@@ -515,7 +520,24 @@ class StorageExtension:
             or os.path.isabs(stored.archive)
         ):
             return None
-        return stored if payload_digest(fetch.body) == stored.payload_digest else None
+        return stored
+
+    def _count_unchanged(self) -> None:
+        """Move the answers the writer found unchanged since the last call from the
+        ``ok`` counters to the ``unchanged`` ones."""
+        count, size = self.session.unchanged()
+        new, new_bytes = count - self._unchanged[0], size - self._unchanged[1]
+        if not new:
+            return
+        self._unchanged = (count, size)
+        for name, by in (
+            ("archive/revisits", new),
+            ("actions/unchanged", new),
+            ("actions/ok", -new),
+            ("archive/stored", -new),
+            ("archive/stored_bytes", -new_bytes),
+        ):
+            self._inc(name, by)
 
     def refresh(self, request: Request, fetch: Fetch, row: Row | None) -> bool:
         """A 304 to a revalidation: the row's validators and time refreshed."""

@@ -102,21 +102,22 @@ def assert_rows_read_back_as_served(data_dir: Path, shop: DemoSite) -> None:
 
 async def two_crawls(shop, data_dir, settings=None, query=""):
     """Crawl the shop, change 10% of its pages, crawl it again revalidating: the rows
-    after each crawl, the paths changed, and the time the second crawl started."""
+    after each crawl, the paths changed, the time the second crawl started and its
+    stats."""
     urls = write_urls(data_dir.parent / "urls.txt", product_urls(shop, query))
     await crawl_site(urls, data_dir, settings, revalidate="1")
     first = catalog_rows(data_dir)
     changed = change_some(shop)
     since = max(row.fetched_at for row in first.values())
-    await crawl_site(urls, data_dir, settings, revalidate="1")
-    return first, catalog_rows(data_dir), changed, since
+    crawler = await crawl_site(urls, data_dir, settings, revalidate="1")
+    return first, catalog_rows(data_dir), changed, since, crawler.stats.get_stats()
 
 
 @pytest.mark.parametrize("fmt", ["warc", "zip", "sqlite"])
 @deferred_f_from_coro_f
 async def test_unchanged_pages_become_revisits_of_the_stored_record(shop, data_dir, fmt, caplog):
     caplog.set_level(logging.INFO)
-    first, second, changed, since = await two_crawls(
+    first, second, changed, since, stats = await two_crawls(
         shop, data_dir, settings={"ARCHIVE_FORMAT": fmt}
     )
     assert len(second) == PAGES
@@ -124,6 +125,15 @@ async def test_unchanged_pages_become_revisits_of_the_stored_record(shop, data_d
     unchanged = PAGES - len(CHANGED)
     said = f"This run stored {len(CHANGED)} responses ("
     assert said in caplog.text and f", {unchanged} unchanged as revisits," in caplog.text
+    # The writer tells unchanged pages; the crawl's counters follow it.
+    changed_bytes = sum(r.bytes for r in second.values() if urlsplit(r.url).path in changed)
+    assert {name: stats.get(name) for name in COUNTERS} == {
+        "archive/stored": len(CHANGED),
+        "archive/stored_bytes": changed_bytes,
+        "archive/revisits": unchanged,
+        "actions/ok": len(CHANGED),
+        "actions/unchanged": unchanged,
+    }
     outcomes = second_run_outcomes(data_dir, since)
     for key, row in second.items():
         was = first[key]
@@ -145,6 +155,15 @@ async def test_unchanged_pages_become_revisits_of_the_stored_record(shop, data_d
     assert report.ok, report.lines()
 
 
+COUNTERS = (
+    "archive/stored",
+    "archive/stored_bytes",
+    "archive/revisits",
+    "actions/ok",
+    "actions/unchanged",
+)
+
+
 def catalog_rows_of(path: Path) -> dict:
     with Catalog(path, readonly=True) as catalog:
         return {row.key: row for row in catalog.rows()}
@@ -152,7 +171,7 @@ def catalog_rows_of(path: Path) -> dict:
 
 @deferred_f_from_coro_f
 async def test_warc_revisit_records_name_the_payload_and_the_record_holding_it(shop, data_dir):
-    first, second, changed, since = await two_crawls(shop, data_dir)
+    first, second, changed, since, stats = await two_crawls(shop, data_dir)
     records = archive_records(data_dir)
     revisits = {r["WARC-Target-URI"]: r for r in records if r["type"] == "revisit"}
     responses = [r for r in records if r["type"] == "response" and r["WARC-Date"] > since]
@@ -225,10 +244,11 @@ def products(data_dir: Path) -> dict[str, tuple]:
 
 @deferred_f_from_coro_f
 async def test_dedup_off_stores_every_payload_whole(shop, data_dir):
-    first, second, changed, since = await two_crawls(
+    first, second, changed, since, stats = await two_crawls(
         shop, data_dir, settings={"ARCHIVE_DEDUP": "off"}
     )
     assert set(second_run_outcomes(data_dir, since).values()) == {"ok"}
+    assert stats.get("archive/revisits") is None and stats["archive/stored"] == PAGES
     for key, row in second.items():
         assert row.archive != first[key].archive  # a new record for every page
     records = archive_records(data_dir)

@@ -145,6 +145,7 @@ class StorageSession:
         self.recovery: Recovery | None = None  # what open() repaired
         # Rows the writer reported committed, once closed (its summary, when it failed).
         self.rows_committed = 0
+        self._unchanged = (0, 0)  # unchanged(), once closed
         self._lock = self.datadir.lock()
 
     @classmethod
@@ -162,9 +163,10 @@ class StorageSession:
         """The stored ones among ``keys``, in one query."""
         return set()
 
-    def put(self, fetch, action: dict | None = None, original: Row | None = None) -> None:
+    def put(self, fetch, action: dict | None = None, stored: Row | None = None) -> None:
         """Store a fetch; ``action`` is its action-log line, written once it is stored;
-        ``original``: the stored row whose payload it brings again (a revisit)."""
+        ``stored``: the key's stored row, which the fetch is kept as a revisit of (its
+        line saying ``unchanged``) if the writer finds the same payload digest."""
         raise StoreError("the storage session is not open")
 
     def touch(self, fetch, refers_to_date: str | None = None) -> None:
@@ -265,6 +267,12 @@ class StorageSession:
             )
         return missing
 
+    def unchanged(self) -> tuple[int, int]:
+        """How many fetches put with their key's stored row the writer kept as
+        revisits of it, and their bytes, as it last reported (after a commit, and in
+        its summary)."""
+        return self.writer.unchanged if self.writer is not None else self._unchanged
+
     def check(self) -> None:
         """Raise StoreError if the writer process failed or died (a crawl calls this
         while idle too: a failure must not wait for the next response to be seen)."""
@@ -307,6 +315,7 @@ class StorageSession:
         finally:
             if writer is not None:
                 self.rows_committed = writer.rows_committed
+                self._unchanged = writer.unchanged
             if self.catalog is not None:
                 self.catalog.close()
                 self.catalog = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crawler.storage import actionlog, formats
-from crawler.storage.actionlog import ActionLog
+from crawler.storage.actionlog import ActionLog, Outcome
 from crawler.storage.batch import BatchWriter
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
@@ -160,26 +160,40 @@ class Store:
             self.catalog.index_digests()
             self._recent = {}
         self.stored = 0
-        self.revisits = 0
+        self.revisits = 0  # fetches stored as revisits, of their key's row or by digest
+        self.unchanged = 0  # of those, the ones of their key's stored row
+        self.unchanged_bytes = 0
         self.refreshed = 0
         self.bytes = 0
         self._log: ActionLog | None = None
         self._actions: list[dict] = []  # action lines of rows not yet committed
         self._held_actions: dict[str, dict] = {}  # those of rows held for their items
 
-    def put(self, fetch: Fetch, action: dict | None = None, original: Row | None = None) -> Row:
+    def put(self, fetch: Fetch, action: dict | None = None, stored: Row | None = None) -> Row:
         """Store a fetch; ``action``: its action-log line (ActionLog.write's arguments),
         written here once its row is committed (a killed run then never logs ``ok``
         for a page it fetches again), and to spare the crawl's thread the work.
-        ``original``: the row whose record holds the fetch's payload already (the
-        crawl compared the digests), which the fetch is stored as a revisit of."""
-        if original is None and self._recent is not None:
-            original = self._same_payload(fetch)
+        ``stored``: the key's stored row, whose record may hold the fetch's payload
+        already (the crawl checked what its attributes say): when the digests are
+        equal, the fetch is stored as a revisit of it and its line says ``unchanged``
+        (counted in ``unchanged``, ``unchanged_bytes``). The digest is computed here,
+        once, off the crawl's thread."""
+        digest = original = None
+        if stored is not None or self._recent is not None:
+            digest = payload_digest(fetch.body)
+        if stored is not None and digest == stored.payload_digest:
+            original = stored
+            self.unchanged += 1
+            self.unchanged_bytes += len(fetch.body)
+            if action is not None:
+                action["outcome"] = Outcome.UNCHANGED
+        elif self._recent is not None:
+            original = self._same_payload(fetch, digest)
         if original is not None:
             row = self.archive.write_unchanged(fetch, original)
             self.revisits += 1
         else:
-            row = self.archive.write_fetch(fetch)
+            row = self.archive.write_fetch(fetch, digest)
             self.stored += 1
             self.bytes += row.bytes
             if self._recent is not None and not row.rendered:
@@ -200,12 +214,16 @@ class Store:
         self._maybe_roll()
         return row
 
-    def _same_payload(self, fetch: Fetch) -> Row | None:
+    def _same_payload(self, fetch: Fetch, digest: str) -> Row | None:
         """A row whose record holds ``fetch``'s payload (ARCHIVE_DEDUP=digest)."""
         if not fetch.body or fetch.rendered_body is not None:
             return None
-        digest = payload_digest(fetch.body)
         return self._recent.get(digest) or self.catalog.by_digest(digest)
+
+    def progress(self) -> tuple[int, int, int]:
+        """Rows committed, and the fetches found unchanged (kept as revisits of their
+        ``stored`` row) with their bytes: what the crawl's counters follow."""
+        return self.batch.committed, self.unchanged, self.unchanged_bytes
 
     def page_items(self, page: PageItems) -> None:
         """A page's items: committed with its row (held since ``put``)."""
@@ -304,6 +322,8 @@ class Store:
         return {
             "stored": self.stored,
             "revisits": self.revisits,
+            "unchanged": self.unchanged,
+            "unchanged_bytes": self.unchanged_bytes,
             "refreshed": self.refreshed,
             "bytes": self.bytes,
             "rows_committed": self.batch.committed,

@@ -363,8 +363,9 @@ class ArchiveFormat:
 class ArchiveWriter(RollingFile):
     """What a format's writer provides (the store calls nothing else)."""
 
-    def write_fetch(self, fetch: Fetch) -> Row:
-        """Store a fetch; returns its catalog row."""
+    def write_fetch(self, fetch: Fetch, digest: str | None = None) -> Row:
+        """Store a fetch; returns its catalog row. ``digest``: ``fetch.body``'s payload
+        digest, when the store computed it already."""
         raise NotImplementedError
 
     def write_revisit(self, fetch: Fetch, refers_to_date: str | None = None) -> None:

@@ -121,8 +121,8 @@ class SqliteWriter(ArchiveWriter):
         self.records_written += 1
         return cursor.lastrowid
 
-    def write_fetch(self, fetch: Fetch) -> Row:
-        digest = payload_digest(fetch.body)
+    def write_fetch(self, fetch: Fetch, digest: str | None = None) -> Row:
+        digest = digest or payload_digest(fetch.body)
         body = fetch.body
         meta = {
             "type": "response",

@@ -120,7 +120,7 @@ class WarcWriter(ArchiveWriter):
         member = gzip_member(record, self.gzip_level, self.compressor)
         return self._write(member), len(member)
 
-    def write_fetch(self, fetch: Fetch) -> Row:
+    def write_fetch(self, fetch: Fetch, digest: str | None = None) -> Row:
         """Write the response and request records of a fetch; returns its catalog row."""
         if self._file is None:
             self._open()
@@ -134,7 +134,7 @@ class WarcWriter(ArchiveWriter):
             protocol="HTTP/1.1",
         )
         record_id = make_warc_id()
-        digest = payload_digest(body)
+        digest = digest or payload_digest(body)
         response = warc_record(
             "response",
             record_id,

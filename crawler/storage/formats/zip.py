@@ -221,10 +221,10 @@ class ZipWriter(ArchiveWriter):
         self._entries.append(entry)
         return entry
 
-    def write_fetch(self, fetch: Fetch) -> Row:
+    def write_fetch(self, fetch: Fetch, digest: str | None = None) -> Row:
         content_type = header(fetch.response_headers, "Content-Type")
         date = warc_date(fetch.fetched_at)
-        digest = payload_digest(fetch.body)
+        digest = digest or payload_digest(fetch.body)
         meta = {
             "type": "response",
             "key": fetch.key,

@@ -80,6 +80,9 @@ class WriterProcess:
         # Rows committed, as the writer last reported (with on_commit only): what a
         # run stored when the writer failed before its summary.
         self.rows_committed = 0
+        # Fetches put with their key's stored row that the writer found unchanged (kept
+        # as revisits of it), and their bytes, as last reported (or summed up).
+        self.unchanged = (0, 0)
         self.error: str | None = None
         self.summary: dict | None = None
         self.opened = False
@@ -121,7 +124,8 @@ class WriterProcess:
             if kind == "error":
                 self.error = payload
             elif kind == "committed" and self.on_commit is not None:
-                self.rows_committed = payload
+                self.rows_committed, *unchanged = payload
+                self.unchanged = tuple(unchanged)
                 self.on_commit()
         if self.error is not None:
             raise StoreError(self.error)
@@ -150,8 +154,8 @@ class WriterProcess:
                 self.error or "the archive writer process exited unexpectedly"
             ) from None
 
-    def put(self, fetch: Fetch, action: dict | None = None, original: Row | None = None) -> None:
-        self._send_msg(("put", fetch, action, original))
+    def put(self, fetch: Fetch, action: dict | None = None, stored: Row | None = None) -> None:
+        self._send_msg(("put", fetch, action, stored))
 
     def touch(self, fetch: Fetch, refers_to_date: str | None = None) -> None:
         self._send_msg(("touch", fetch, refers_to_date))
@@ -194,6 +198,7 @@ class WriterProcess:
                 kind, payload = self._replies.recv()
                 if kind == "closed":
                     self.summary = payload
+                    self.unchanged = (payload["unchanged"], payload["unchanged_bytes"])
                     break
                 if kind == "error":
                     self.error = payload

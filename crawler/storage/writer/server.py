@@ -79,13 +79,15 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         return
     answer("ready", None)
     idle = IDLE_SLEEP[0]
-    # Rows committed as last reported: the crawl wakes the requests waiting for a row.
+    # Rows committed as last reported: the crawl wakes the requests waiting for a row,
+    # and counts the fetches found unchanged (Store.progress).
     reported = 0
     try:
         while True:
             if report_commits and store.batch.committed != reported:
-                reported = store.batch.committed
-                answer("committed", reported)
+                progress = store.progress()
+                reported = progress[0]
+                answer("committed", progress)
             # Polled, never waited on: a process asleep on the pipe is woken by every
             # write of the crawl, and on a virtual machine that wake-up cost the
             # crawl's thread more than the rest of sending a message
