@@ -133,23 +133,32 @@ def refers_to(original: Row) -> str:
 
 
 def revisit_row(meta: dict, headers: Headers) -> Row:
-    """The row a revisit of a stored payload implies, from its fields (``key``, ``url``,
-    ``final_url``, ``method``, ``status``, ``fetched_at``, ``digest``, ``refers_to``)
-    and its HTTP headers, whatever the format."""
+    """The row a revisit of a stored payload implies, from its fields (those of
+    :func:`meta_row` and ``refers_to``) and its HTTP headers, whatever the format."""
     archive, offset, length = meta["refers_to"].rsplit(" ", 2)
+    return meta_row(meta, headers, archive, int(offset), int(length))
+
+
+def meta_row(
+    meta: dict, headers: Headers, archive: str, offset: int, length: int, size: int | None = None
+) -> Row:
+    """The row of a record at ``offset`` of ``archive`` from the metadata the zip and
+    sqlite formats keep (``key``, ``url``, ``final_url``, ``method``, ``status``,
+    ``fetched_at``, ``digest``) and its HTTP headers; the payload is ``size`` bytes
+    (by default, as its Content-Length says)."""
     return Row(
         key=meta["key"],
         url=meta["url"],
         final_url=meta["final_url"],
         status=int(meta["status"]),
         content_type=header(headers, "Content-Type"),
-        bytes=int(header(headers, "Content-Length") or 0),
+        bytes=int(header(headers, "Content-Length") or 0) if size is None else size,
         etag=header(headers, "ETag"),
         last_modified=header(headers, "Last-Modified"),
         fetched_at=meta["fetched_at"],
         archive=archive,
-        offset=int(offset),
-        length=int(length),
+        offset=offset,
+        length=length,
         payload_digest=meta.get("digest"),
         method=meta.get("method") or "GET",
     )

@@ -50,6 +50,7 @@ from crawler.storage.records import (
     StoredRecord,
     fetch_row,
     header,
+    meta_row,
     payload_digest,
     payload_headers,
     refers_to,
@@ -306,22 +307,7 @@ def index_row(row: tuple, relpath: str, out: Indexed) -> None:
         out.touches.append((key, etag, last_modified, meta["fetched_at"]))
         return
     out.rows.append(
-        Row(
-            key=key,
-            url=meta["url"],
-            final_url=meta["final_url"],
-            status=int(meta["status"]),
-            content_type=header(headers, "Content-Type"),
-            bytes=int(header(headers, "Content-Length") or 0),
-            etag=header(headers, "ETag"),
-            last_modified=header(headers, "Last-Modified"),
-            fetched_at=meta["fetched_at"],
-            archive=relpath,
-            offset=row_id,
-            length=len(_stored_bytes(body)),
-            payload_digest=meta.get("digest"),
-            method=meta.get("method") or "GET",
-        )
+        meta_row({**meta, "key": key}, headers, relpath, row_id, len(_stored_bytes(body)))
     )
 
 

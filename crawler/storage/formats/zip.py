@@ -45,6 +45,7 @@ from crawler.storage.records import (
     StoredRecord,
     fetch_row,
     header,
+    meta_row,
     payload_digest,
     payload_headers,
     refers_to,
@@ -405,24 +406,8 @@ def index_meta(meta: dict | None, body: bytes, entry: Entry, relpath: str, out: 
         return
     headers = meta["headers"]
     if meta["type"] == "response":
-        out.rows.append(
-            Row(
-                key=meta["key"],
-                url=meta["url"],
-                final_url=meta["final_url"],
-                status=int(meta["status"]),
-                content_type=header(headers, "Content-Type"),
-                bytes=len(body),
-                etag=header(headers, "ETag"),
-                last_modified=header(headers, "Last-Modified"),
-                fetched_at=meta["fetched_at"],
-                archive=relpath,
-                offset=entry.offset,
-                length=entry.end - entry.offset,
-                payload_digest=meta.get("digest"),
-                method=meta.get("method") or "GET",
-            )
-        )
+        length = entry.end - entry.offset
+        out.rows.append(meta_row(meta, headers, relpath, entry.offset, length, len(body)))
     elif meta["type"] == "revisit" and meta.get("refers_to"):
         out.rows.append(revisit_row(meta, headers))
     elif meta["type"] == "revisit":
