@@ -242,6 +242,9 @@ HOST_POLL_SECONDS = 1.0
 HOST_CRAWL_DELAY_MAX = 30.0
 # The longest Retry-After (of a 429 or 503) every process waits for a host.
 HOST_RETRY_AFTER_MAX = 600.0
+# A request so answered is retried after the back-off without spending RETRY_TIMES,
+# this many times at most (middlewares/retry.py); then as any 429 or 503 is.
+RETRY_BACKOFF_TIMES = 10
 # robots.txt is fetched once per host per cluster and shared through the hub; a stored
 # one older than this many seconds is fetched again.
 HOST_ROBOTS_TTL = 86400.0

@@ -14,7 +14,8 @@ def attempt_fields(request) -> dict:
         "url": meta.get("catalog_url", request.url),
         "key": meta.get("catalog_key"),
         "depth": meta.get("depth", 0),
-        "attempt": meta.get("retry_times", 0) + 1,
+        # Back-off retries (middlewares/retry.py) are attempts too, beside retry_times.
+        "attempt": meta.get("retry_times", 0) + meta.get("backoff_times", 0) + 1,
     }
     # The proxy this attempt went through (redacted; set by middlewares/proxy_lease.py),
     # on every line of it, retries and errors included.

@@ -165,3 +165,37 @@ def test_per_proxy_budgets_make_each_proxy_one_visitor(tmp_path):
     assert keys == {f"127.0.0.1 via {proxy.url}" for proxy in proxies}
     assert max_in_window(starts, 1.0 - SLACK) == 2, starts
     assert stored(tmp_path / "data") == set(urls)
+
+
+@pytest_twisted.ensureDeferred
+async def test_back_offs_do_not_spend_retries_and_lose_no_url(tmp_path):
+    backoffs = QUIET["RETRY_TIMES"] + 2  # more back-offs than the retries a request has
+
+    def backs_off(server, path, n):
+        if path in ("/page/0.html", "/page/1.html") and n <= backoffs:
+            return Reply(429, {"Retry-After": "1"})
+        return None
+
+    with HostServers(["busy.test"], latency=0.01, answer=backs_off) as hosts:
+        urls = hosts.urls("busy.test", 4)
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "HUB_URL": f"sqlite:///{tmp_path}/hub.db",
+            "ROBOTSTXT_OBEY": False,
+        }
+        with hosts.resolving():
+            (crawler,) = await crawl_together(urls, tmp_path, settings, crawls=1)
+        hits = hosts["busy.test"].hits
+        assert [hits("/page/0.html"), hits("/page/1.html")] == [backoffs + 1] * 2
+    assert stored(tmp_path / "data0") == set(urls)
+    assert crawler.stats.get_value("retry/backoff_count") == 2 * backoffs
+    assert not crawler.stats.get_value("retry/max_reached")
+    retries = [
+        e for e in read_log(tmp_path / "data0" / "fetch_log.jsonl") if e["outcome"] == "retry"
+    ]
+    assert len(retries) == 2 * backoffs
+    assert all("Retry-After: 1 s" in e["error"] for e in retries), retries
+    # Each attempt has its number, back-offs included.
+    first = sorted(e["attempt"] for e in retries if e["url"] == urls[0])
+    assert first == list(range(1, backoffs + 1))
