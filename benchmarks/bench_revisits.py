@@ -2,6 +2,7 @@
 and what comparing digests costs the crawl, whole processes.
 
     python -m benchmarks.bench_revisits [--pages 1000] [--rounds 3] [--index-rows 200000]
+                                        [--parts abc]
 
 The demo site's product pages send no ETag or Last-Modified, as most dynamic sites:
 ``-a revalidate=1`` fetches each again in full. The site serves ``--pages`` of them on
@@ -217,7 +218,9 @@ def _row(i: int) -> Row:
     )
 
 
-def run(pages: int = 1000, rounds: int = 3, index_rows: int = 200_000) -> list[str]:
+def run(
+    pages: int = 1000, rounds: int = 3, index_rows: int = 200_000, parts: str = "abc"
+) -> list[str]:
     from demo.site import DemoSite
 
     site = DemoSite(pages=pages, page_bytes=3000)
@@ -229,21 +232,26 @@ def run(pages: int = 1000, rounds: int = 3, index_rows: int = 200_000) -> list[s
             urls = work / "urls.txt"
             urls.write_text("".join(f"{site.base_url}/product/{n}.html\n" for n in range(pages)))
             changed = {f"/product/{n}.html" for n in range(0, pages, 10)}
-            lines.append(
-                f"(a) archive growth of a second crawl of {pages} pages, 10% changed "
-                f"(budget: changed pages' records + {BUDGET_PER_UNCHANGED} B per unchanged)"
-            )
-            lines.append(
-                f"  {'format':6} {'dedup':6} {'grown KB':>9} {'budget KB':>9} {'/budget':>7}"
-                f" {'/first':>8} {'B/unchngd':>10} {'moved':>6}"
-            )
-            for fmt in ("warc", "zip", "sqlite"):
-                for dedup in ("url", "off"):
-                    lines.append(growth(site, work, urls, fmt, dedup, changed))
-            lines.append(f"(b) the second crawl, {pages} pages, whole processes, {rounds} rounds")
-            lines += speed(site, work, urls, pages, rounds, changed)
-            lines.append("(c) the index of payload digests (ARCHIVE_DEDUP=digest)")
-            lines += index_cost(index_rows, work)
+            if "a" in parts:
+                lines.append(
+                    f"(a) archive growth of a second crawl of {pages} pages, 10% changed "
+                    f"(budget: changed pages' records + {BUDGET_PER_UNCHANGED} B per unchanged)"
+                )
+                lines.append(
+                    f"  {'format':6} {'dedup':6} {'grown KB':>9} {'budget KB':>9} {'/budget':>7}"
+                    f" {'/first':>8} {'B/unchngd':>10} {'moved':>6}"
+                )
+                for fmt in ("warc", "zip", "sqlite"):
+                    for dedup in ("url", "off"):
+                        lines.append(growth(site, work, urls, fmt, dedup, changed))
+            if "b" in parts:
+                lines.append(
+                    f"(b) the second crawl, {pages} pages, whole processes, {rounds} rounds"
+                )
+                lines += speed(site, work, urls, pages, rounds, changed)
+            if "c" in parts:
+                lines.append("(c) the index of payload digests (ARCHIVE_DEDUP=digest)")
+                lines += index_cost(index_rows, work)
     finally:
         site.stop()
     lines.append(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -255,8 +263,9 @@ def main() -> None:
     parser.add_argument("--pages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--index-rows", type=int, default=200_000)
+    parser.add_argument("--parts", default="abc", help="which of (a), (b), (c) to run")
     args = parser.parse_args()
-    for line in run(args.pages, args.rounds, args.index_rows):
+    for line in run(args.pages, args.rounds, args.index_rows, args.parts):
         print(line, flush=True)
 
 

@@ -66,6 +66,25 @@ def test_writer_round_trip_and_zipfile_access(tmp_path):
         assert ("ETag", f'"e{n}"') in stored.headers
 
 
+def test_revisit_entries_keep_their_metadata_in_the_local_header_only(tmp_path):
+    writer = ZipWriter(tmp_path / "archive", tmp_path)
+    stored = writer.write_fetch(fetch(1))
+    again = fetch(1)
+    again.fetched_at += 3600
+    revisit = writer.write_unchanged(again, stored)
+    writer.write_revisit(fetch(2, body=b""), refers_to_date=stored.fetched_at)
+    closed = writer.close()
+    with zipfile.ZipFile(closed) as zf:
+        assert zf.testzip() is None
+        extras = {info.filename.rsplit(".", 1)[1]: info.extra for info in zf.infolist()}
+    # The central directory repeats a response's metadata, not a revisit's: half of it.
+    assert extras["html"] and extras["revisit"] == b""
+    # The archive alone still gives the revisit's row and the 304's refresh back.
+    indexed = ZIP.index(closed, tmp_path)
+    assert indexed.rows == [stored, revisit]
+    assert [t[0] for t in indexed.touches] == [fetch(2).key]
+
+
 def test_extension_follows_the_content_type():
     assert extension("text/html; charset=utf-8") == ".html"
     assert extension("application/json") == ".json"

@@ -3,7 +3,9 @@
 Each body is one deflated entry; what a WARC record's headers would say (URL, status,
 HTTP headers, fetch time, key) travels as JSON in the entry's local extra field
 (id ``0x7863``), so the local headers alone can rebuild the catalog and the central
-directory. A 304 revalidation becomes an empty ``<key[:2]>/<key>.revisit`` entry.
+directory. A 304 revalidation, and a page fetched again unchanged, become an empty
+``<key[:2]>/<key>.revisit`` entry: its metadata is all it holds, so the central
+directory leaves its extra field out (zip allows the two to differ), which halves it.
 
 A file being written has a ``.zip.writing`` marker beside it; ``zipfile`` cannot open
 it until it is closed or :meth:`ZipFormat.repair` (run on start by
@@ -65,6 +67,8 @@ _LOCAL_SIG = b"PK\x03\x04"
 _CENTRAL_SIG = b"PK\x01\x02"
 _EOCD_SIG = b"PK\x05\x06"
 _UTF8_FLAG = 0x800
+REVISIT_SUFFIX = ".revisit"
+_REVISIT_NAME_END = REVISIT_SUFFIX.encode("ascii")
 _ROW_HEADERS = {"content-type", "content-length", "etag", "last-modified"}
 _EXTENSIONS = {"text/html": ".html", "text/plain": ".txt", "application/json": ".json"}
 
@@ -144,9 +148,12 @@ def _local_header(entry: Entry) -> bytes:
 
 
 def central_directory(entries: list[Entry], start: int) -> bytes:
-    """Central directory and end record for ``entries``, to be written at ``start``."""
+    """Central directory and end record for ``entries``, to be written at ``start``.
+    A revisit entry's metadata is in its local header only (see the module's
+    docstring): every reader here reads local headers."""
     parts = []
     for e in entries:
+        extra = b"" if e.name.endswith(_REVISIT_NAME_END) else e.extra
         parts.append(
             _CENTRAL.pack(
                 _CENTRAL_SIG,
@@ -160,7 +167,7 @@ def central_directory(entries: list[Entry], start: int) -> bytes:
                 e.csize,
                 e.usize,
                 len(e.name),
-                len(e.extra),
+                len(extra),
                 0,
                 0,
                 0,
@@ -168,7 +175,7 @@ def central_directory(entries: list[Entry], start: int) -> bytes:
                 e.offset,
             )
             + e.name
-            + e.extra
+            + extra
         )
     cd = b"".join(parts)
     n = len(entries)
@@ -254,7 +261,7 @@ class ZipWriter(ArchiveWriter):
             "fetched_at": warc_date(fetch.fetched_at),
             "refers_to_date": refers_to_date,
         }
-        self._append(f"{fetch.key[:2]}/{fetch.key}.revisit", b"", meta, fetch.fetched_at)
+        self._append(f"{fetch.key[:2]}/{fetch.key}{REVISIT_SUFFIX}", b"", meta, fetch.fetched_at)
         self.records_written += 1
 
     def write_unchanged(self, fetch: Fetch, original: Row) -> Row:
@@ -280,7 +287,7 @@ class ZipWriter(ArchiveWriter):
             "refers_to_uri": original.final_url,
             "refers_to_date": original.fetched_at,
         }
-        self._append(f"{fetch.key[:2]}/{fetch.key}.revisit", b"", meta, fetch.fetched_at)
+        self._append(f"{fetch.key[:2]}/{fetch.key}{REVISIT_SUFFIX}", b"", meta, fetch.fetched_at)
         self.records_written += 1
         return fetch_row(
             fetch, original.archive, original.offset, original.length, original.payload_digest
