@@ -4,17 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.project import get_project_settings
 
-from crawler.cli import pick_action, tidy_parser
-
-if TYPE_CHECKING:
-    from crawler.spiderkit.urls import UrlList
+from crawler.cli import pick_action, say_on_stderr, tidy_parser
 
 ACTIONS = ("create", "set", "list", "show")
 
@@ -58,6 +53,7 @@ class Command(ScrapyCommand):
         from crawler.hub.jobchecks import JobSettingError, check_settings
         from crawler.hub.jobs import parse_assignments
         from crawler.hub.workqueue import unit_holders
+        from crawler.spiderkit.start import fetchable_lines
         from crawler.spiderkit.urls import UrlList
 
         pick_action(args, ACTIONS)
@@ -89,7 +85,7 @@ class Command(ScrapyCommand):
         urls = None
         if action == "create" and opts.urls:
             try:
-                urls = fetchable_urls(UrlList(opts.urls))
+                urls = fetchable_lines(UrlList(opts.urls), say_on_stderr)
             except UsageError as exc:  # an unreadable list: before the job is created
                 print(f"error: {exc}", file=sys.stderr)
                 self.exitcode = 1
@@ -110,15 +106,3 @@ class Command(ScrapyCommand):
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
-
-
-def fetchable_urls(urls: UrlList) -> Iterator[str]:
-    """The lines of ``urls`` a crawl would fetch; the others said on standard error, as
-    the crawl says them, and left out of the queue."""
-    from crawler.spiderkit.start import bad_line, checked_lines
-
-    for number, text, problem in checked_lines(urls):
-        if problem:
-            print(f"Skipped line {bad_line(urls, number, text, problem)}", file=sys.stderr)
-        else:
-            yield text

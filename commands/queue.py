@@ -8,7 +8,7 @@ import sys
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import pick_action, tidy_parser
+from crawler.cli import pick_action, say_on_stderr, tidy_parser
 from crawler.spiderkit.partition import MODES, PartitionError, check_mode
 
 ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
@@ -33,7 +33,8 @@ class Command(ScrapyCommand):
             "Work queues feed the Slurm queue mode (slurm/submit --queue): tasks lease "
             "batches of URLs from them. `load` adds a URL list (one URL a line, - for "
             "standard input) to the queue NAME, created if new; loading the same list "
-            "again adds nothing. Each URL is loaded with its partition unit (--partition, "
+            "again adds nothing. A line that is not a URL a crawl fetches is left out and "
+            "said on standard error with its file and line number, as the crawl says it. Each URL is loaded with its partition unit (--partition, "
             "default the CRAWL_PARTITION setting: domain): a batch holds one unit's URLs "
             "and a unit's batches are leased to one task at a time, so that one process "
             "at a time fetches a site, or to as many as its host budget lets ask at once "
@@ -71,7 +72,7 @@ class Command(ScrapyCommand):
                 if action == "load":
                     partition = opts.partition or self.settings.get("CRAWL_PARTITION")
                     holders = unit_holders(self.settings)
-                    print(admin.load(*rest, partition=check_mode(partition), holders=holders))
+                    print(admin.load(*rest, check_mode(partition), holders, say_on_stderr))
                 elif action == "stats":
                     print(admin.stats(*rest))
                 else:

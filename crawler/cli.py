@@ -66,6 +66,11 @@ class HelpFormatter(ScrapyHelpFormatter):
         return lines
 
 
+def say_on_stderr(line: str) -> None:
+    """Tell the user *line* beside a command's output (a line it left out, say)."""
+    print(line, file=sys.stderr)
+
+
 def tidy_parser(parser: argparse.ArgumentParser) -> None:
     """Use the project's help layout and one-line usage errors on ``parser``.
 

@@ -190,6 +190,32 @@ def test_queue_command_end_to_end(tmp_path):
     )
 
 
+def test_queue_load_names_the_file_and_line_of_each_bad_line_and_loads_the_rest(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    urls = tmp_path / "urls.txt"
+    urls.write_text(
+        "# a list\nhttp://example.org/a\nexample.org/no-scheme\n\n"
+        "http://example.org:99999/bad-port\nhttp://example.org/b\nftp://example.org/c\n"
+    )
+    done = scrapy_queue("load", "q", str(urls), hub=hub)
+    assert done.returncode == 0, done.stderr
+    # As a crawl of the list says them: file:line, why, the line.
+    assert done.stderr.splitlines() == [
+        f"Skipped line {urls}:3: not an absolute http(s) URL: 'example.org/no-scheme'",
+        f"Skipped line {urls}:5: not a URL (Port out of range 0-65535): "
+        "'http://example.org:99999/bad-port'",
+        f"Skipped line {urls}:7: not an absolute http(s) URL: 'ftp://example.org/c'",
+    ]
+    assert "2 URLs added, 0 already there" in done.stdout
+    assert f"queue 'q': 3 lines of {urls} left out: not URLs to fetch" in done.stdout
+    with Hub.open(hub) as opened:
+        batch = WorkQueue(opened, "q", create=False).lease("a", 10, ttl=60)
+        assert batch.urls == ("http://example.org/a", "http://example.org/b")
+    piped = scrapy_queue("load", "q", "-", hub=hub, stdin="http://example.org/c\nnot a url\n")
+    assert piped.stderr.strip() == "Skipped line <stdin>:2: contains white space: 'not a url'"
+    assert "1 URLs added" in piped.stdout
+
+
 def test_queue_command_errors_are_clear(tmp_path):
     hub = f"sqlite:///{tmp_path}/hub.db"
     missing = scrapy_queue("status", "nope", hub=hub)

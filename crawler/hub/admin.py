@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TextIO
 
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError, InvalidProxyURLError
 from crawler.hub.jobs import Job, JobStore
 from crawler.hub.proxies import ProxyPool
 from crawler.hub.redact import normalize_proxy_url
-from crawler.hub.workqueue import WorkQueue, WorkQueueError, list_lines
+from crawler.hub.workqueue import WorkQueue, WorkQueueError
 
 
 class ProxyFileError(HubError):
@@ -181,28 +178,47 @@ class ProxyAdmin:
         return format_table((*headers, "ban rate"), rows)
 
 
-def open_url_list(path: str) -> AbstractContextManager[TextIO]:
-    """A URL list to read, ``-`` for standard input (left open)."""
-    if path == "-":
-        return nullcontext(sys.stdin)
-    try:
-        return open(path, encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise WorkQueueError(f"cannot read the URL list {path}: {exc.strerror}") from None
-
-
 class QueueAdmin:
     """Load URL lists into the hub's work queues and report their progress."""
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
 
-    def load(self, name: str, path: str, partition: str = "url", holders: int = 1) -> str:
-        """Add the list at *path* to queue *name* (created if new), each batch to hold
-        one *partition* unit's URLs, each unit leased to *holders* at once; what it
-        did, and the queue's progress."""
-        with open_url_list(path) as stream:
-            return self.load_lines(name, list_lines(stream), partition, holders)
+    def load(
+        self,
+        name: str,
+        path: str,
+        partition: str = "url",
+        holders: int = 1,
+        skipped: Callable[[str], None] | None = None,
+    ) -> str:
+        """Add the list at *path* (``-``: standard input) to queue *name* (created if
+        new), each batch to hold one *partition* unit's URLs, each unit leased to
+        *holders* at once; what it did, and the queue's progress.
+
+        A line that is not a URL a crawl fetches is left out, and told to *skipped* as
+        the crawl tells it (``Skipped line FILE:N: why: 'text'``)."""
+        from scrapy.exceptions import UsageError
+
+        from crawler.spiderkit.start import fetchable_lines
+        from crawler.spiderkit.urls import UrlList
+
+        try:
+            urls = UrlList(path)
+        except UsageError as exc:  # cannot be read
+            raise WorkQueueError(str(exc)) from None
+        bad = 0
+
+        def skip(line: str) -> None:
+            nonlocal bad
+            bad += 1
+            if skipped is not None:
+                skipped(line)
+
+        said = self.load_lines(name, fetchable_lines(urls, skip), partition, holders)
+        if bad:
+            said += f"\nqueue {name!r}: {bad:,} lines of {urls.name} left out: not URLs to fetch"
+        return said
 
     def load_lines(
         self, name: str, urls: Iterable[str], partition: str = "url", holders: int = 1

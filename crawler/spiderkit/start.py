@@ -176,6 +176,16 @@ def checked_lines(urls: UrlList) -> Iterator[tuple[int, str, str | None]]:
             yield number, text, problem
 
 
+def fetchable_lines(urls: UrlList, skipped: Callable[[str], None]) -> Iterator[str]:
+    """The lines of ``urls`` a crawl would fetch (what a work queue is loaded with); each
+    other line is told to ``skipped`` as the crawl tells it, ``Skipped line FILE:N: ...``."""
+    for number, text, problem in checked_lines(urls):
+        if problem:
+            skipped(f"Skipped line {bad_line(urls, number, text, problem)}")
+        else:
+            yield text
+
+
 def bad_line(urls: UrlList, number: int, text: str, problem: str) -> str:
     """What is said of a bad line: its file and number, why, and the line."""
     return f"{urls.name}:{number}: {problem}: {text[:200]!r}"
