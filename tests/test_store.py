@@ -15,7 +15,7 @@ from warcio.archiveiterator import ArchiveIterator
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.records import payload_digest
-from crawler.storage.store import StoreConfig
+from crawler.storage.store import Store, StoreConfig
 from crawler.storage.writer.client import WriterProcess
 from crawler.storage.writer.wire import BodyRing, FrameReader, send_frame
 from tests.factories import fetch
@@ -206,3 +206,51 @@ def test_a_writer_opened_on_a_directory_not_yet_made_makes_it(tmp_path):
     assert writer.close()["rows_committed"] == 1
     with Catalog(DataDir(data_dir).catalog_path, readonly=True) as catalog:
         assert DataDir(data_dir).read(catalog.get("k")).body == b"body"
+
+
+def digest_queries(store: Store) -> list[str]:
+    """The statements that look payloads up by digest, as the store's catalog runs them
+    (filled as they run)."""
+    seen: list[str] = []
+    store.catalog.conn.set_trace_callback(
+        lambda sql: seen.append(sql) if "payload_digest =" in sql else None
+    )
+    return seen
+
+
+def test_fetches_stored_together_look_their_payloads_up_in_one_query(tmp_path):
+    # One row per commit: the batch's second "b" comes after the commit of its first.
+    config = StoreConfig(data_dir=tmp_path, dedup="digest", batch_size=1)
+    store = Store(config)
+    kept = store.put(fetch("old", b"stored before"))
+    queries = digest_queries(store)
+    store.put_many(
+        [
+            (fetch("a", b"stored before"), None, None),
+            (fetch("b1", b"new"), None, None),
+            (fetch("c", b"unseen"), None, None),
+            (fetch("b2", b"new"), None, None),
+        ]
+    )
+    assert len(queries) == 1
+    store.close()
+    with Catalog(config.datadir.catalog_path, readonly=True) as catalog:
+        rows = {key: catalog.get(key) for key in ("old", "a", "b1", "c", "b2")}
+    where = {key: (row.archive, row.offset) for key, row in rows.items()}
+    assert where["a"] == where["old"] == (kept.archive, kept.offset)
+    assert where["b2"] == where["b1"] and len(set(where.values())) == 3
+    assert store.stored == 3 and store.revisits == 2
+
+
+def test_a_writer_looking_payloads_up_by_digest_stores_each_once(tmp_path):
+    config = StoreConfig(data_dir=tmp_path, dedup="digest", batch_size=5)
+    writer = WriterProcess(config)
+    for n in range(200):  # faster than the writer stores them: it takes several at once
+        writer.put(fetch(f"k{n}", f"payload {n % 7}".encode()))
+    summary = writer.close()
+    assert (summary["stored"], summary["revisits"]) == (7, 193)
+    datadir = DataDir(tmp_path)
+    with Catalog(datadir.catalog_path, readonly=True) as catalog:
+        for n in range(200):
+            row = catalog.get(f"k{n}")
+            assert datadir.read(row).body == f"payload {n % 7}".encode()

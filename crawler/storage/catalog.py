@@ -10,6 +10,7 @@ statements below.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sqlite3
@@ -189,6 +190,12 @@ DELETE = "DELETE FROM artifacts WHERE key = ?"
 # crawl that asks for it, kept from then on (docs/reference/data-directory.md).
 DIGEST_INDEX = "CREATE INDEX IF NOT EXISTS artifacts_digest ON artifacts (payload_digest)"
 BY_DIGEST = "WHERE payload_digest = ? AND rendered = 0 LIMIT 1"
+# The same for a JSON list of digests in one statement: each is one probe of the index
+# (LIMIT 1 per digest, however many rows share a payload).
+BY_DIGESTS = (
+    "WHERE rowid IN (SELECT (SELECT rowid FROM artifacts WHERE payload_digest = d.value "
+    "AND rendered = 0 LIMIT 1) FROM json_each(?) AS d)"
+)
 HAS_DIGEST_INDEX = "SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'artifacts_digest'"
 # Rows whose archive is not in the temporary table ``archives`` (see keep_archives).
 DELETE_OUTSIDE = "DELETE FROM artifacts WHERE archive NOT IN (SELECT archive FROM temp.archives)"
@@ -377,6 +384,15 @@ class Catalog:
         found = self.conn.execute(f"SELECT {self._select} FROM artifacts {BY_DIGEST}", (digest,))
         row = found.fetchone()
         return Row(*row) if row else None
+
+    def by_digests(self, digests: list[str]) -> dict[str, Row]:
+        """:meth:`by_digest` of each of ``digests`` in one query: the rows found, by
+        digest."""
+        if not digests:
+            return {}
+        sql = f"SELECT {self._select} FROM artifacts {BY_DIGESTS}"
+        found = (Row(*r) for r in self.conn.execute(sql, (json.dumps(digests),)))
+        return {row.payload_digest: row for row in found}
 
     def present(self, keys: list[str]) -> set[str]:
         """The subset of ``keys`` that have a row (one query for the whole list)."""

@@ -159,6 +159,11 @@ class Store:
         if config.dedup == "digest":
             self.catalog.index_digests()
             self._recent = {}
+        # While put_many stores a batch: the rows it wrote, and the catalog's answers
+        # for the digests it asked for (found or not).
+        self._batch: dict[str, Row] = {}
+        self._found: dict[str, Row] = {}
+        self._asked: set[str] = set()
         self.stored = 0
         self.revisits = 0  # fetches stored as revisits, of their key's row or by digest
         self.unchanged = 0  # of those, the ones of their key's stored row
@@ -178,9 +183,51 @@ class Store:
         equal, the fetch is stored as a revisit of it and its line says ``unchanged``
         (counted in ``unchanged``, ``unchanged_bytes``). The digest is computed here,
         once, off the crawl's thread."""
-        digest = original = None
+        digest = None
         if stored is not None or self._recent is not None:
             digest = payload_digest(fetch.body)
+        return self._put(fetch, action, stored, digest)
+
+    @property
+    def looks_up_digests(self) -> bool:
+        """Whether each fetch's payload is looked up by digest (ARCHIVE_DEDUP=digest):
+        :meth:`put_many` then asks the catalog once for several fetches."""
+        return self._recent is not None
+
+    def put_many(self, puts: list[tuple]) -> None:
+        """:meth:`put` of each of ``puts`` (``(fetch, action, stored)``), in order; with
+        ARCHIVE_DEDUP=digest, the catalog is asked for all their payloads in one
+        query (an answer may then be a row that a fetch of the same batch replaced:
+        its record still holds that payload, and the revisit refers to it)."""
+        if self._recent is None or len(puts) < 2:
+            for args in puts:
+                self.put(*args)
+            return
+        digests = [payload_digest(args[0].body) for args in puts]
+        asked = [
+            digest
+            for (fetch, _, stored), digest in zip(puts, digests, strict=True)
+            if self._looked_up(fetch, stored, digest)
+        ]
+        self._found = self.catalog.by_digests(asked)
+        self._asked = set(asked)
+        try:
+            for (fetch, action, stored), digest in zip(puts, digests, strict=True):
+                self._put(fetch, action, stored, digest)
+        finally:
+            self._found, self._asked, self._batch = {}, set(), {}
+
+    def _looked_up(self, fetch: Fetch, stored: Row | None, digest: str) -> bool:
+        """Whether ``fetch`` is looked up by digest (not its key's payload, not empty,
+        not rendered) under ARCHIVE_DEDUP=digest."""
+        if stored is not None and digest == stored.payload_digest:
+            return False
+        return bool(fetch.body) and fetch.rendered_body is None
+
+    def _put(
+        self, fetch: Fetch, action: dict | None, stored: Row | None, digest: str | None
+    ) -> Row:
+        original = None
         if stored is not None and digest == stored.payload_digest:
             original = stored
             self.unchanged += 1
@@ -198,6 +245,8 @@ class Store:
             self.bytes += row.bytes
             if self._recent is not None and not row.rendered:
                 self._recent[row.payload_digest] = row
+                if self._asked:
+                    self._batch[row.payload_digest] = row
         if self.items is not None and fetch.parsed:
             if action is not None:
                 self._held_actions[row.key] = action
@@ -215,10 +264,17 @@ class Store:
         return row
 
     def _same_payload(self, fetch: Fetch, digest: str) -> Row | None:
-        """A row whose record holds ``fetch``'s payload (ARCHIVE_DEDUP=digest)."""
+        """A row whose record holds ``fetch``'s payload (ARCHIVE_DEDUP=digest): of
+        those written since the last commit, or of this batch (a commit in its middle
+        empties the former), or the catalog's (asked for the batch at its start)."""
         if not fetch.body or fetch.rendered_body is not None:
             return None
-        return self._recent.get(digest) or self.catalog.by_digest(digest)
+        found = self._recent.get(digest) or self._batch.get(digest)
+        if found is not None:
+            return found
+        if digest in self._asked:
+            return self._found.get(digest)
+        return self.catalog.by_digest(digest)
 
     def progress(self) -> tuple[int, int, int]:
         """Rows committed, and the fetches found unchanged (kept as revisits of their

@@ -39,6 +39,9 @@ IDLE_SLEEP = (0.001, 0.02)
 # Bytes asked for by each read of the pipe: a few dozen messages, whose bodies (in the
 # ring) take much less than the ring holds.
 READ_AHEAD = 8192
+# Fetches stored together at most, with ARCHIVE_DEDUP=digest: those already read from
+# the pipe are looked up in one query (Store.put_many).
+PUT_BATCH = 64
 RESUMES = "rows committed so far are intact, the next run repairs the archive and resumes"
 
 
@@ -107,6 +110,15 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
                 store.close(complete=False)
                 return
             op = msg[0]
+            if op == "put" and store.looks_up_digests:
+                puts, msg, ended = _more_puts(reader, [msg[1:]])
+                store.put_many(puts)
+                if ended:
+                    store.close(complete=False)
+                    return
+                if msg is None:
+                    continue
+                op = msg[0]
             if op == "put":
                 store.put(*msg[1:])
             elif op == "touch":
@@ -126,6 +138,20 @@ def serve(data_fd: int, reply_fd: int, ring: BodyRing | None = None) -> None:
         answer("error", catalog_failure(config.datadir.catalog_path, exc))
     except Exception:
         answer("error", "the store failed:\n" + traceback.format_exc())
+
+
+def _more_puts(reader: FrameReader, puts: list[tuple]) -> tuple[list[tuple], tuple | None, bool]:
+    """``puts`` and the puts that follow them already read from the pipe (up to
+    PUT_BATCH); the message after them, if read; whether the crawl closed the pipe."""
+    while len(puts) < PUT_BATCH and reader.buffered:
+        try:
+            msg = reader.recv()
+        except EOFError:
+            return puts, None, True
+        if msg[0] != "put":
+            return puts, msg, False
+        puts.append(msg[1:])
+    return puts, None, False
 
 
 def catalog_failure(path, exc: sqlite3.OperationalError) -> str:
