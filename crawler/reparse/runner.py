@@ -185,7 +185,7 @@ class Reparser:
         result = TaskResult(items, stats, problems, len(task.rows))
         fmt = formats.for_path(task.path)
         try:
-            records = fmt.read_span(task.path, [(row[5], row[6]) for row in task.rows])
+            records = fmt.iter_span(task.path, [(row[5], row[6]) for row in task.rows])
         except OSError as exc:
             for row in task.rows:
                 problems.append(Problem("corrupt", f"{task.path}: offset {row[5]}: {exc}"))

@@ -330,11 +330,24 @@ class ArchiveFormat:
         """The stored answers at ``(offset, length)`` spans of one file, sorted by offset,
         read with one read; a record that does not decode is its error in the list, a
         file that cannot be read raises OSError."""
+        return list(self.iter_span(path, spans))
+
+    def iter_span(
+        self, path: str | os.PathLike, spans: list[tuple[int, int]]
+    ) -> Iterator[StoredRecord | ArchiveError]:
+        """As :meth:`read_span`, each record decoded only when asked for: the file is
+        read (OSError raised) now, each body inflated just before its page is parsed.
+        A re-parse that held a task's 200 inflated bodies at once took fresh memory for
+        every task, and paid as much for it as for the inflating (docs/benchmarks.md)."""
         start, end = spans[0][0], spans[-1][0] + spans[-1][1]
         with _open_either(path) as f:
             f.seek(start)
             data = f.read(end - start)
-        out: list[StoredRecord | ArchiveError] = []
+        return self._decode_span(data, start, path, spans)
+
+    def _decode_span(
+        self, data: bytes, start: int, path: str | os.PathLike, spans: list[tuple[int, int]]
+    ) -> Iterator[StoredRecord | ArchiveError]:
         for offset, length in spans:
             chunk = data[offset - start : offset - start + length]
             try:
@@ -342,10 +355,10 @@ class ArchiveFormat:
                     raise TruncatedRecordError(
                         f"{path}: offset {offset}: file ends inside the {self.what}"
                     )
-                out.append(self.decode(chunk, path, offset))
+                record: StoredRecord | ArchiveError = self.decode(chunk, path, offset)
             except ArchiveError as exc:
-                out.append(exc)
-        return out
+                record = exc
+            yield record
 
     def index(self, path: Path, data_dir: Path, relpath: str | None = None) -> Indexed:
         """Every complete record of a file as catalog rows (an error at a bad one)."""
