@@ -7,6 +7,7 @@ docs/how-to/rendering.md are in test_render_promises.py.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -16,8 +17,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import scrapy
 from scrapy.exceptions import NotConfigured, UsageError
 from scrapy.settings import Settings
+from scrapy.utils.defer import deferred_f_from_coro_f
 from scrapy.utils.test import get_crawler
 from warcio.archiveiterator import ArchiveIterator
 
@@ -38,7 +41,8 @@ from crawler.storage.formats.warc import WarcWriter
 from middlewares.render import RenderMiddleware, browser_proxy
 from tests.checks import actions, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import ROOT, crawl_env, kill_group, run_crawl, start_crawl, write_urls
+from tests.conftest import ROOT, crawl_env, kill_group, start_crawl, write_urls
+from tests.crawls import crawl, crawl_site
 from tests.events import committed_rows, wait_until
 from tests.factories import rendered_fetch
 from tests.proxy_servers import PROXY_PASSWORD, proxy_pool  # noqa: F401
@@ -281,17 +285,18 @@ def assert_rendered_rows_readable(data_dir: Path, site) -> dict:
     return rows
 
 
-def test_rendered_and_plain_pages_in_one_crawl(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_rendered_and_plain_pages_in_one_crawl(site, tmp_path, data_dir, caplog):
     need_chromium()
+    caplog.set_level(logging.INFO)
     site.reset_counts()
     js = [f"{site.base_url}/js/{n}" for n in range(5)] + [f"{site.base_url}/js/5?delay=300"]
     plain = [f"{site.base_url}/page/{n}.html" for n in range(6)]
     urls = write_urls(tmp_path / "urls.txt", js + plain)
     out = tmp_path / "items.jsonl"
-    args = ("-a", "summaries=1", "-s", "RENDER_URL_PATTERNS=/js/", "-s", WAIT_READY, "-o", str(out))
-    result = _run(urls, data_dir, *args)
-    assert result.returncode == 0, result.stderr[-4000:]
-    log = result.stderr
+    settings = {"RENDER_URL_PATTERNS": "/js/", "RENDER_WAIT": WAIT_READY.split("=", 1)[1]}
+    feed = {"FEEDS": {str(out): {"format": "jsonlines"}}}
+    stats = (await crawl_site(urls, data_dir, {**settings, **feed}, summaries="1")).stats
 
     items = {i["url"]: i for i in read_jsonl(out)}
     for url in js:
@@ -307,9 +312,9 @@ def test_rendered_and_plain_pages_in_one_crawl(site, tmp_path, data_dir):
     assert_rendered_rows_readable(data_dir, site)
 
     # Only the JS pages went to the browser; its images were never fetched.
-    assert _stat(log, "render/requests") == len(js)
-    assert _stat(log, "playwright/request_count/navigation") == len(js)
-    assert _stat(log, "playwright/request_count/aborted") == len(js)
+    assert stats.get_value("render/requests") == len(js)
+    assert stats.get_value("playwright/request_count/navigation") == len(js)
+    assert stats.get_value("playwright/request_count/aborted") == len(js)
     assert all(site.counts[f"/page/{n}.html"] == 1 for n in range(6))
     assert not any(site.counts[f"/img/{n}.png"] for n in range(6))
     assert {e["outcome"] for e in actions(data_dir)} == {"ok"}
@@ -322,22 +327,22 @@ def test_rendered_and_plain_pages_in_one_crawl(site, tmp_path, data_dir):
 
     # Run again: everything is stored, so nothing is fetched and no browser starts.
     site.reset_counts()
-    again = _run(urls, data_dir, *args[:4])
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert _stat(again.stderr, "catalog/cache_hits") == len(js) + len(plain)
-    assert "Launching browser" not in again.stderr
+    caplog.clear()
+    again = (await crawl_site(urls, data_dir, settings, summaries="1")).stats
+    assert again.get_value("catalog/cache_hits") == len(js) + len(plain)
+    assert "Launching browser" not in caplog.text
+    assert again.get_value("playwright/browser_count") is None
     assert not site.counts
 
 
-def test_the_default_wait_catches_content_filled_after_load(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_the_default_wait_catches_content_filled_after_load(site, data_dir):
     """A timer 150 ms after load, and a fetch() after load answered 300 ms later: what a
     person would see."""
     need_chromium()
     timer = [f"{site.base_url}/js/{n}?delay=150&after=load" for n in range(400, 404)]
     fetched = [f"{site.base_url}/js/{n}?fetch=1&delay=300" for n in range(410, 414)]
-    urls = write_urls(tmp_path / "urls.txt", timer + fetched)
-    result = _run(urls, data_dir, "-s", "RENDER_URL_PATTERNS=/js/")
-    assert result.returncode == 0, result.stderr[-4000:]
+    await crawl_site(timer + fetched, data_dir, {"RENDER_URL_PATTERNS": "/js/"})
     rows = rows_by_url(data_dir)
     for url in timer + fetched:
         n = url.rsplit("/", 1)[1].split("?")[0]
@@ -348,20 +353,23 @@ def test_the_default_wait_catches_content_filled_after_load(site, tmp_path, data
     assert all(site.counts[f"/data/{n}"] == 1 for n in range(410, 414))
 
 
-def test_crawl_without_rendering_starts_no_browser(site, tmp_path, data_dir):
-    urls = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/{n}.html" for n in range(3)])
-    result = run_crawl(urls, data_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "scrapy-playwright" not in result.stderr and "playwright/" not in result.stderr
-    assert "middlewares.render" not in result.stderr
+@deferred_f_from_coro_f
+async def test_crawl_without_rendering_starts_no_browser(site, data_dir, caplog):
+    caplog.set_level(logging.INFO)
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(3)]
+    stats = (await crawl_site(urls, data_dir)).stats
+    # The components Scrapy logs as enabled, the handlers it starts: none of rendering.
+    assert "Enabled downloader middlewares" in caplog.text
+    assert "scrapy-playwright" not in caplog.text and "middlewares.render" not in caplog.text
+    assert not [name for name in stats.get_stats() if name.startswith(("playwright/", "render/"))]
 
 
-def test_render_all_with_depth_follows_rendered_links(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_render_all_with_depth_follows_rendered_links(site, data_dir):
     """-a render=1: every request renders; links that only exist after JS are followed."""
     need_chromium()
-    urls = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/js/100"])
-    result = _run(urls, data_dir, "-a", "render=1", "-a", "depth=2", "-s", WAIT_READY)
-    assert result.returncode == 0, result.stderr[-4000:]
+    settings = {"RENDER_WAIT": WAIT_READY.split("=", 1)[1]}
+    await crawl_site([f"{site.base_url}/js/100"], data_dir, settings, render="1", depth="2")
     rows = rows_by_url(data_dir)
     assert {u.split(site.base_url)[1] for u in rows} == {"/js/100", "/js/101", "/js/102"}
     assert all(r.rendered for r in rows.values())
@@ -488,11 +496,7 @@ def test_debian_chromium_is_the_fallback(monkeypatch):
     assert find_browser(None) is None  # Playwright launches its own
 
 
-CRASH_SPIDER = '''
-import scrapy
-from scrapy_playwright.page import PageMethod
-
-CRASHED = set()
+CRASHED: set[str] = set()
 
 
 async def crash_once(page):
@@ -512,6 +516,8 @@ class CrashSpider(scrapy.Spider):
         self.base = base
 
     async def start(self):
+        from scrapy_playwright.page import PageMethod
+
         yield scrapy.Request(
             self.base + "/js/400",
             meta={"render": True, "render_page_methods": [PageMethod(crash_once)]},
@@ -520,36 +526,20 @@ class CrashSpider(scrapy.Spider):
 
     def parse(self, response):
         yield {"url": response.url, "title": response.css("title::text").get()}
-'''
 
 
-def test_page_crash_fails_that_request_only(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_page_crash_fails_that_request_only(site, tmp_path, data_dir, caplog):
     """A renderer crash fails its request, which is logged and retried; the crawl goes on."""
     need_chromium()
-    spider = tmp_path / "crash_spider.py"
-    spider.write_text(CRASH_SPIDER)
+    CRASHED.clear()
     out = tmp_path / "items.jsonl"
-    result = run_scrapy(
-        "runspider",
-        str(spider),
-        "-a",
-        f"base={site.base_url}",
-        "-o",
-        str(out),
-        "-s",
-        f"DATA_DIR={data_dir}",
-        "-s",
-        "AUTOTHROTTLE_ENABLED=0",
-        "-s",
-        "LOG_LEVEL=INFO",
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    feed = {"FEEDS": {str(out): {"format": "jsonlines"}}}
+    stats = (await crawl(CrashSpider, data_dir, feed, base=site.base_url)).stats
     titles = {i["url"].rsplit("/", 1)[1]: i["title"] for i in read_jsonl(out)}
     assert titles == {"400": "JS page 400", "401": "JS page 401"}
-    log = result.stderr
-    assert "Browser page crashed while rendering <GET " in log
-    assert _stat(log, "render/page_crashes") == 1
+    assert "Browser page crashed while rendering <GET " in caplog.text
+    assert stats.get_value("render/page_crashes") == 1
     retries = [e for e in actions(data_dir) if e["outcome"] == "retry"]
     assert [(e["url"].rsplit("/", 1)[1], e["error"]) for e in retries] == [
         ("400", "browser page crashed")
