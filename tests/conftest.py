@@ -134,9 +134,9 @@ def kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:
 # one test cluster, made once, on one worker).
 LONG_FIRST = [
     "test_slurm", "test_slurm_queue", "test_slurm_requeue", "test_slurm_procs",
-    "test_docs_commands", "test_make_demo", "test_report", "test_render", "test_crash",
-    "test_bad_data_dirs", "test_faults", "test_job_checks", "test_proxies_command",
-    "test_jobs", "test_cluster", "test_reparse", "test_start", "test_items_crash",
+    "test_docs_commands", "test_report", "test_cluster", "test_make_demo", "test_reparse",
+    "test_bad_data_dirs", "test_render", "test_faults", "test_start", "test_items_crash",
+    "test_jobs", "test_job_checks", "test_crash", "test_proxies_command",
     "test_item_exports", "test_shell", "test_item_names", "test_failures", "test_hub",
     "test_outcomes", "test_signals", "test_render_promises", "test_read_nothing",
     "test_politeness",
