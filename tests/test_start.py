@@ -1,78 +1,76 @@
 """Resumed list crawls skip stored URLs before a Request exists (crawler/spiderkit/start.py).
 
-The crawls run a subclass of the ``site`` spider (``scrapy runspider``, the project's
-middlewares as in any crawl) that records the URL of every ``scrapy.Request`` built
-in its process, so that a request built for a stored line and dropped later is seen.
+The crawls run a subclass of the ``site`` spider in process (the project's settings
+and middlewares, as in any crawl) while every ``scrapy.Request`` built records its
+URL, so that a request built for a stored line and dropped later is seen.
 """
 
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import scrapy
+from scrapy.statscollectors import StatsCollector
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.spiderkit.start import _verbatim, listed_key
 from crawler.spiderkit.urls import check_url, in_shard
 from crawler.storage.keys import plain_key, request_key
-from tests.checks import actions, rows_by_url
-from tests.conftest import ROOT, crawl_env, write_urls
-from tests.test_keys import _random_url
-
-COUNTING_SPIDER = """
-import json
-
-import scrapy
-
 from spiders.site import SiteSpider
-
-built = []
-_init = scrapy.Request.__init__
-
-
-def _counting_init(self, url, *args, **kwargs):
-    built.append(url)
-    _init(self, url, *args, **kwargs)
-
-
-scrapy.Request.__init__ = _counting_init
+from tests.checks import actions, rows_by_url
+from tests.conftest import write_urls
+from tests.crawls import crawl
+from tests.loopback_resolver import LoopbackResolver
+from tests.test_keys import _random_url
 
 
 class CountingSiteSpider(SiteSpider):
     start_batch = 7  # several batches even for a short list
 
-    def closed(self, reason):
-        with open(self.built, "w") as f:
-            json.dump(built, f)
-"""
 
 # Pieces of URLs that Scrapy escapes or w3lib canonicalises.
 ODD_PIECES = ["a b", "caf\u00e9", "%7e", "%7E", "%C3%A9", "%", "[x]", "|", "a'b", '"', "\u00fc=1"]
 ODD_HOSTS = ["B\u00fccher.example", "WWW.Example.ORG", "a.com:80", "a.com:443", "xn--bcher-kva.ex"]
 
 
-def counted_crawl(urls: Path, data_dir: Path, tmp_path: Path, *args: str, built: str = "built"):
-    """Run the counting spider; returns (CompletedProcess, URLs of the requests built)."""
-    spider = tmp_path / "counting_spider.py"
-    spider.write_text(COUNTING_SPIDER)
-    built_path = tmp_path / f"{built}.json"
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "scrapy", "runspider", str(spider),
-            "-a", f"urls={urls}", "-a", f"built={built_path}",
-            "-s", f"DATA_DIR={data_dir}", "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "LOG_LEVEL=INFO",
-            *args,
-        ],
-        cwd=ROOT, capture_output=True, text=True, timeout=180, env=crawl_env(),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    import json
+async def counted_crawl(
+    urls: Path, data_dir: Path, settings: dict | None = None, **args: str
+) -> tuple[StatsCollector, list[str]]:
+    """Crawl with the counting spider; returns its stats and the URLs of the requests
+    built while it ran (this process builds no other)."""
+    built: list[str] = []
+    init = scrapy.Request.__init__
 
-    return result, json.loads(built_path.read_text())
+    def counting_init(self, url, *a, **kw):
+        built.append(url)
+        init(self, url, *a, **kw)
+
+    scrapy.Request.__init__ = counting_init
+    try:
+        crawler = await crawl(CountingSiteSpider, data_dir, settings, urls=str(urls), **args)
+    finally:
+        scrapy.Request.__init__ = init
+    return crawler.stats, built
+
+
+@contextmanager
+def resolving(names: list[str]) -> Iterator[None]:
+    """``names`` resolve to 127.0.0.1 on this process's reactor while the block runs
+    (``scrapy crawl`` installs TWISTED_DNS_RESOLVER; a crawl on the test's reactor
+    does not). The name resolver is put back, as tests.hostservers explains."""
+    from twisted.internet import reactor
+
+    old = reactor.nameResolver
+    reactor.installResolver(LoopbackResolver(reactor, 0, 60.0, names))
+    try:
+        yield
+    finally:
+        reactor.installNameResolver(old)
 
 
 def test_a_list_line_gets_the_key_of_the_request_scrapy_builds_from_it():
@@ -100,18 +98,19 @@ def test_a_list_line_gets_the_key_of_the_request_scrapy_builds_from_it():
 
 
 @pytest.mark.parametrize("thread", [False, True])
-def test_a_partly_stored_list_fetches_the_rest_and_builds_no_request_for_the_stored(
+@deferred_f_from_coro_f
+async def test_a_partly_stored_list_fetches_the_rest_and_builds_no_request_for_the_stored(
     site, tmp_path, data_dir, thread
 ):
     base = site.base_url
     urls = [f"{base}/page/{n}.html" for n in range(400, 440)]
     stored = urls[::2]
-    counted_crawl(write_urls(tmp_path / "first.txt", stored), data_dir, tmp_path)
+    await counted_crawl(write_urls(tmp_path / "first.txt", stored), data_dir)
     before = len(actions(data_dir))
     site.reset_counts()
     url_file = write_urls(tmp_path / "urls.txt", [*urls, stored[3]])  # one listed twice
-    threaded = ("-a", "start_thread=1") if thread else ()
-    result, built = counted_crawl(url_file, data_dir, tmp_path, *threaded)
+    threaded = {"start_thread": "1"} if thread else {}
+    stats, built = await counted_crawl(url_file, data_dir, **threaded)
     fetched = {p: c for p, c in site.counts.items() if p.startswith("/page/")}
     assert fetched == {u.removeprefix(base): 1 for u in urls[1::2]}
     assert not set(built) & set(stored), "a request was built for a stored line"
@@ -120,13 +119,14 @@ def test_a_partly_stored_list_fetches_the_rest_and_builds_no_request_for_the_sto
     # The line listed twice is one cache hit and one duplicate; both lines are done.
     assert Counter(e["url"] for e in hits) == Counter(stored)
     assert all(e["key"] == request_key(e["url"]) for e in hits)
-    assert "'catalog/cache_hits': 20" in result.stderr
-    assert "'catalog/duplicates': 1" in result.stderr
-    assert "'progress/list_done': 41" in result.stderr
+    assert stats.get_value("catalog/cache_hits") == 20
+    assert stats.get_value("catalog/duplicates") == 1
+    assert stats.get_value("progress/list_done") == 41
     assert set(rows_by_url(data_dir)) == set(urls)
 
 
-def test_urls_that_scrapy_escapes_are_recognised_as_stored(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_urls_that_scrapy_escapes_are_recognised_as_stored(site, tmp_path, data_dir):
     port = site.base_url.rsplit(":", 1)[1]
     lines = [
         f"http://127.0.0.1:{port}/page/451.html?b=2&a=1",  # query order
@@ -139,33 +139,34 @@ def test_urls_that_scrapy_escapes_are_recognised_as_stored(site, tmp_path, data_
         f"http://127.0.0.1:{port}/page/458.html?",  # a bare "?" (Scrapy drops it)
     ]
     url_file = write_urls(tmp_path / "urls.txt", lines)
-    names = "LOOPBACK_HOSTS=xn--bcher-kva.example,upper.example"
-    resolver = "TWISTED_DNS_RESOLVER=tests.loopback_resolver.LoopbackResolver"
-    args = ("-s", names, "-s", resolver, "-s", "ROBOTSTXT_OBEY=0")
+    settings = {"ROBOTSTXT_OBEY": False}
     site.reset_counts()
-    counted_crawl(url_file, data_dir, tmp_path, *args)
-    assert sum(site.counts.values()) == len(lines)
-    assert len(rows_by_url(data_dir)) == len(lines)
-    before = len(actions(data_dir))
-    site.reset_counts()
-    _, built = counted_crawl(url_file, data_dir, tmp_path, *args, built="again")
+    with resolving(["xn--bcher-kva.example", "upper.example"]):
+        await counted_crawl(url_file, data_dir, settings)
+        assert sum(site.counts.values()) == len(lines)
+        assert len(rows_by_url(data_dir)) == len(lines)
+        before = len(actions(data_dir))
+        site.reset_counts()
+        _, built = await counted_crawl(url_file, data_dir, settings)
     assert sum(site.counts.values()) == 0
     assert built == []
     hits = [e for e in actions(data_dir)[before:] if e["outcome"] == "cache_hit"]
     assert sorted(e["url"] for e in hits) == sorted(rows_by_url(data_dir))
 
 
-def test_a_resumed_shard_fetches_the_unstored_lines_of_its_shard_only(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_a_resumed_shard_fetches_the_unstored_lines_of_its_shard_only(
+    site, tmp_path, data_dir
+):
     base = site.base_url
     urls = [f"{base}/page/{n}.html" for n in range(460, 500)]
     stored = urls[:20]
-    counted_crawl(write_urls(tmp_path / "first.txt", stored), data_dir, tmp_path)
+    await counted_crawl(write_urls(tmp_path / "first.txt", stored), data_dir)
     before = len(actions(data_dir))
     site.reset_counts()
     url_file = write_urls(tmp_path / "urls.txt", urls)
     # The site is one host: split by key.
-    _, built = counted_crawl(url_file, data_dir, tmp_path, "-a", "shard=1/3", "-a",
-                             "partition=url")  # fmt: skip
+    _, built = await counted_crawl(url_file, data_dir, shard="1/3", partition="url")
     mine = [u for u in urls if in_shard(request_key(u), (1, 3))]
     fetched = {p for p, c in site.counts.items() if p.startswith("/page/")}
     assert fetched == {u.removeprefix(base) for u in mine if u not in stored}
@@ -174,17 +175,18 @@ def test_a_resumed_shard_fetches_the_unstored_lines_of_its_shard_only(site, tmp_
     assert sorted(hits) == sorted(u for u in mine if u in stored)
 
 
-def test_revalidation_and_depth_build_requests_for_stored_lines(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_revalidation_and_depth_build_requests_for_stored_lines(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in (501, 502)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
-    counted_crawl(url_file, data_dir, tmp_path)
+    await counted_crawl(url_file, data_dir)
     site.reset_counts()
-    counted_crawl(url_file, data_dir, tmp_path, "-a", "revalidate=1")
+    await counted_crawl(url_file, data_dir, revalidate="1")
     assert {p: site.counts[p] for p in ("/page/501.html", "/page/502.html")} == {
         "/page/501.html": 1,
         "/page/502.html": 1,
     }
     site.reset_counts()
-    _, built = counted_crawl(url_file, data_dir, tmp_path, "-a", "depth=1")
+    _, built = await counted_crawl(url_file, data_dir, depth="1")
     assert set(urls) <= set(built)  # replayed from the archive, for their links
     assert site.counts["/page/501.html"] == 0
