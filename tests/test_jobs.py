@@ -7,10 +7,14 @@ import shutil
 import time
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.hub import Hub, ProxyPool
+from crawler.hub.admin import JobAdmin
 from crawler.hub.jobs import JobError, JobStore, parse_assignments
+from spiders.site import SiteSpider
 from tests.conftest import start_crawl, write_urls
+from tests.crawls import crawl
 from tests.events import wait_for_log
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 from tests.proxy_servers import TinyProxy
@@ -158,7 +162,8 @@ def test_job_create_checks_its_url_list_as_a_crawl_does(tmp_path, hub_url):  # n
         assert WorkQueue(hub, "news", create=False).progress().total == 2
 
 
-def test_a_crawl_of_a_job_without_a_list_takes_the_jobs_queue(site, tmp_path, hub_url):  # noqa: F811
+@deferred_f_from_coro_f
+async def test_a_crawl_of_a_job_without_a_list_takes_the_jobs_queue(site, tmp_path, hub_url):  # noqa: F811
     from tests.checks import rows_by_url
 
     listed = [f"{site.base_url}/page/{n}.html" for n in range(200, 206)]
@@ -168,15 +173,13 @@ def test_a_crawl_of_a_job_without_a_list_takes_the_jobs_queue(site, tmp_path, hu
     )
     assert created.returncode == 0, created.stderr
     data_dir = tmp_path / "data"
-    crawl_job = ("crawl", "site", "-s", "JOB=news", "-s", f"DATA_DIR={data_dir}",
-                 "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "CONCURRENT_REQUESTS=1")  # fmt: skip
-    # Stopped early: its batch goes back to the queue, for the next crawl.
-    stopped = scrapy_with_hub(*crawl_job, "-s", "CLOSESPIDER_PAGECOUNT=2", hub=hub_url)
-    assert stopped.returncode == 75, stopped.stderr
-    shown = scrapy_with_hub("job", "show", "news", hub=hub_url)
-    assert "done 0/6" in shown.stdout, shown.stdout
-    crawl = scrapy_with_hub(*crawl_job, hub=hub_url)
-    assert crawl.returncode == 0, crawl.stderr
+    job = {"HUB_URL": hub_url, "JOB": "news", "CONCURRENT_REQUESTS": 1}
+    # Stopped early (`scrapy crawl` would exit 75): its batch goes back to the queue,
+    # for the next crawl.
+    await crawl(SiteSpider, data_dir, {**job, "CLOSESPIDER_PAGECOUNT": 2}, status=75)
+    with Hub.open(hub_url) as hub:
+        assert "done 0/6" in JobAdmin(hub).show("news")
+    await crawl(SiteSpider, data_dir, job)
     assert set(rows_by_url(data_dir)) == set(listed)
     shown = scrapy_with_hub("job", "show", "news", hub=hub_url)
     assert "done 6/6" in shown.stdout, shown.stdout
