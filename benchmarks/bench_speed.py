@@ -1,6 +1,7 @@
 """What a user sees: ``scrapy crawl site`` against a bare Scrapy spider, whole processes.
 
     python -m benchmarks.bench_speed [--quick] [--pages 5000] [--big 50000] [--rounds 3]
+        [--seeds 20] [--budget-off]
 
 Every crawl is a whole process timed from its start to its exit, with the same explicit
 settings (``SETTINGS``); pages of 40-60 KB come from nginx on 127.0.0.1. Runs, in
@@ -10,7 +11,9 @@ alternating rounds with the ratio of each round:
   spider whose callback does nothing, run with ``scrapy runspider`` from outside the
   project (Scrapy's defaults plus those settings: the reference a user would pick);
   (2) ``scrapy crawl site -a urls=...`` with the storage stack; (3) the same with
-  ``-s ARCHIVE_ENABLED=0``. Target (issue 13): (2)/(1) >= 0.90 at both sizes.
+  ``-s ARCHIVE_ENABLED=0``; with ``--budget-off``, (4) the storage stack with
+  ``-s HOST_BUDGET_ENABLED=0`` (what host budgets cost one process). Target:
+  (2)/(1) >= 0.90 at both sizes.
 - (b) a linked corpus (same host, every page linking to pages of the next layer)
   crawled with ``-a depth=2``, against ``benchmarks/bare_follow.py`` following the same
   links with ``response.css`` and ``response.follow``; both must reach the same pages.
@@ -185,7 +188,9 @@ def table(title: str, runs: dict[str, list[Run]], reference: str) -> list[str]:
 # -- the runs ----------------------------------------------------------------------------
 
 
-def list_crawls(base: str, work: Path, docs: Path, pages: int, rounds: int, tag: str):
+def list_crawls(
+    base: str, work: Path, docs: Path, pages: int, rounds: int, tag: str, budget_off: bool = False
+):
     urls = work / f"urls-{pages}.txt"
     site_pages = len(list(docs.glob("p*.html")))
     # Past the corpus, the same pages again under other query strings.
@@ -203,7 +208,10 @@ def list_crawls(base: str, work: Path, docs: Path, pages: int, rounds: int, tag:
         "(2) scrapy crawl site, storage stack": [],
         "(3) scrapy crawl site, ARCHIVE_ENABLED=0": [],
     }
-    (one, two, three) = runs
+    four = "(4) scrapy crawl site, HOST_BUDGET_ENABLED=0"
+    if budget_off:
+        runs[four] = []
+    (one, two, three, *_) = runs
     kept = None
     for i in range(rounds):
         log = work / "logs"
@@ -215,6 +223,10 @@ def list_crawls(base: str, work: Path, docs: Path, pages: int, rounds: int, tag:
         off = [*site, "-s", "ARCHIVE_ENABLED=0", "-s", f"DATA_DIR={work / 'data-off'}"]
         runs[three].append(crawl(three, off, ROOT, log / f"{tag}-{i}-3.log", pages))
         shutil.rmtree(work / "data-off", ignore_errors=True)
+        if budget_off:
+            free = [*site, "-s", "HOST_BUDGET_ENABLED=0", "-s", f"DATA_DIR={work / 'data-free'}"]
+            runs[four].append(crawl(four, free, ROOT, log / f"{tag}-{i}-4.log", pages))
+            shutil.rmtree(work / "data-free", ignore_errors=True)
         if kept is not None:
             shutil.rmtree(kept)
         kept = data
@@ -262,6 +274,7 @@ def run(
     seeds: int = 20,
     fanout: int = 15,
     workdir: Path | None = None,
+    budget_off: bool = False,
 ) -> list[str]:
     work = Path(workdir or tempfile.mkdtemp(prefix="bench-speed-"))
     (work / "outside").mkdir(parents=True, exist_ok=True)
@@ -277,11 +290,11 @@ def run(
         f"{os.cpu_count()} cores; logs in {work / 'logs'}"
     ]
     try:
-        runs, data = list_crawls(base, work, docs, pages, rounds, "small")
+        runs, data = list_crawls(base, work, docs, pages, rounds, "small", budget_off)
         lines += table(f"(a) list crawl, {pages:,} URLs, {rounds} rounds", runs, next(iter(runs)))
         bare_rate = median([r.rate for r in next(iter(runs.values()))])
         if big:
-            big_runs, big_data = list_crawls(base, work, docs, big, rounds, "big")
+            big_runs, big_data = list_crawls(base, work, docs, big, rounds, "big", budget_off)
             shutil.rmtree(big_data)
             lines += table(
                 f"(a) list crawl, {big:,} URLs, {rounds} rounds", big_runs, next(iter(big_runs))
@@ -315,18 +328,22 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one round")
-    parser.add_argument("--pages", type=int, default=5000)
-    parser.add_argument("--big", type=int, default=50000, help="0: no big list")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--seeds", type=int, default=20, help="linked corpus: start pages (0: no depth crawl)"
-    )
-    parser.add_argument("--fanout", type=int, default=15, help="linked corpus: links per page")
+    parser.add_argument("--pages", type=int, help="list crawl: URLs (5000)")
+    parser.add_argument("--big", type=int, help="the big list crawl: URLs, 0: none (50000)")
+    parser.add_argument("--rounds", type=int, help="(3)")
+    parser.add_argument("--seeds", type=int, help="linked corpus: start pages, 0: none (20)")
+    parser.add_argument("--fanout", type=int, help="linked corpus: links per page (15)")
+    parser.add_argument("--budget-off", action="store_true", help="add HOST_BUDGET_ENABLED=0")
     parser.add_argument("--workdir", type=Path, help="keep the corpus, data and logs here")
     args = parser.parse_args()
-    if args.quick:
-        args.pages, args.big, args.rounds, args.seeds, args.fanout = 1000, 3000, 1, 5, 10
-    lines = run(args.pages, args.big, args.rounds, args.seeds, args.fanout, args.workdir)
+    # --quick changes the sizes not given on the command line.
+    sizes = (1000, 3000, 1, 5, 10) if args.quick else (5000, 50000, 3, 20, 15)
+    for name, default in zip(("pages", "big", "rounds", "seeds", "fanout"), sizes, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    lines = run(
+        args.pages, args.big, args.rounds, args.seeds, args.fanout, args.workdir, args.budget_off
+    )
     for line in lines:
         print(line, flush=True)
 
