@@ -18,13 +18,17 @@ from scrapy.core.downloader import Downloader
 from scrapy.exceptions import IgnoreRequest
 from twisted.internet.defer import inlineCallbacks
 
-from crawler.signals import has_outcome, send_action, short_url
+from crawler.signals import FINAL_OUTCOME, has_outcome, send_action, short_url
 
 logger = logging.getLogger(__name__)
 
 
 class GaveUp(IgnoreRequest):
     """A component gave up on the request; the original exception is its cause."""
+
+
+class TakenOver(IgnoreRequest):
+    """The request's work-queue batch was taken over by another holder, who fetches it."""
 
 
 def reason(exc: BaseException) -> str:
@@ -53,6 +57,27 @@ class AccountingDownloader(Downloader):
             logger.warning("Gave up on %s: %s", short_url(request.url), why)
             raise GaveUp(why) from exc
         return result
+
+    async def _download(self, slot, request: Request):
+        # Checked as the request would go on the wire, not as it entered the downloader:
+        # requests wait there (host slots, the slot's queue) past the lease renewal that
+        # found their batch taken over. The new holder fetches it and writes its outcome:
+        # none here, and no error.
+        if _taken_over(self.crawler, request):
+            self.crawler.stats.inc_value("work/lost_skipped")
+            logger.info("Not fetching %s: its batch was taken over by another holder",
+                        short_url(request.url))  # fmt: skip
+            request.meta[FINAL_OUTCOME] = "taken_over"
+            raise TakenOver("its batch was taken over by another holder")
+        return await super()._download(slot, request)
+
+
+def _taken_over(crawler, request: Request) -> bool:
+    """Whether *request* is of a work-queue batch whose lease this crawl lost
+    (``crawler/spiderkit/jobqueue.py``): another holder took the batch over."""
+    urls = getattr(crawler.spider, "url_list", None)
+    lost = getattr(urls, "lost_keys", None)
+    return bool(lost) and request.meta.get("catalog_key") in lost
 
 
 def _is_robots(request: Request) -> bool:

@@ -26,6 +26,7 @@ import scrapy
 from scrapy import signals
 from scrapy.exceptions import UsageError
 from scrapy.http import HtmlResponse, TextResponse
+from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 from twisted.internet.threads import deferToThread
 
@@ -126,19 +127,35 @@ class SiteSpider(scrapy.Spider):
                 "input), or -s JOB=NAME to crawl a job's work queue"
             )
         queue = JobQueueUrls(hub_url(crawler.settings, required=True), job)
-        renewing = task.LoopingCall(queue.renew)
+
+        def lost(batches) -> None:
+            for batch, keys in batches:
+                queue.lost_keys |= keys
+                crawler.stats.inc_value("work/leases_lost")
+                logger.warning(
+                    "Lease of batch %d (%s) was lost: it expired and another holder took "
+                    "it over; its %d URLs are not fetched here any more",
+                    batch.lease_id,
+                    batch.unit or "any URLs",
+                    len(batch.urls),
+                )
+
+        # Hub calls block: in a thread, the loop waiting for each before the next.
+        renewing = task.LoopingCall(lambda: deferToThread(queue.renew).addCallback(lost))
 
         def opened() -> None:
             renewing.start(queue.ttl / 3, now=False)
 
-        def stopped() -> None:
+        async def stopped() -> None:
             # Once the storage has drained and committed: a batch is done only when
             # the crawl finished and stored it (what `scrapy crawl` exits 0 for).
             if renewing.running:
                 renewing.stop()
             stats = crawler.stats
-            ok = stats.get_value("finish_reason") == "finished"
-            queue.finish(ok and not stats.get_value("archive/error"))
+            ok = stats.get_value("finish_reason") == "finished" and not stats.get_value(
+                "archive/error"
+            )
+            await maybe_deferred_to_future(deferToThread(queue.finish, ok))
 
         crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
         crawler.signals.connect(stopped, signal=signals.engine_stopped, weak=False)
@@ -146,7 +163,8 @@ class SiteSpider(scrapy.Spider):
 
     async def start(self):
         if isinstance(self.url_list, JobQueueUrls):
-            self.crawler.stats.set_value("progress/list_total", self.url_list.pending())
+            pending = await maybe_deferred_to_future(deferToThread(self.url_list.pending))
+            self.crawler.stats.set_value("progress/list_total", pending)
         elif self.url_list.path != "-":
             deferToThread(self.url_list.count).addCallback(
                 lambda n: self.crawler.stats.set_value("progress/list_total", n)

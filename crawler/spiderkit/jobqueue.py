@@ -4,22 +4,31 @@
 in batches (as Slurm tasks in queue mode do, ``crawler/hub/workqueue.py``), renews
 its leases while it runs, and at its end marks its batches done when it finished, or
 gives them back when it stopped early, so that the next crawl of the job takes them.
+
+Every call here asks the hub and blocks: the crawl makes them in threads, never on the
+reactor (``blocking``; the hub's connection is thread-safe).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 
 from scrapy.exceptions import UsageError
 
-from crawler.hub import Holder, Hub, WorkBatch, WorkQueue, WorkQueueError
+from crawler.hub import Holder, Hub, HubUnavailableError, WorkBatch, WorkQueue, WorkQueueError
 from crawler.hub.jobs import JobStore
+
+logger = logging.getLogger(__name__)
 
 
 class JobQueueUrls:
     """A URL list read from a job's work queue: ``name`` and ``batches`` as
     :class:`~crawler.spiderkit.urls.UrlList` has them."""
+
+    # Its batches are leased from the hub: read in a thread (crawler/spiderkit/start.py).
+    blocking = True
 
     def __init__(self, hub_url: str, job: str):
         # The lease time Slurm tasks in queue mode use; renewed every third of it.
@@ -39,6 +48,9 @@ class JobQueueUrls:
         self.path = self.name = f"job {job}, queue {queue}"
         self.holder = str(Holder.current())
         self.held: list[WorkBatch] = []
+        # Request keys of the batches whose lease was lost: not to be fetched here
+        # (crawler/downloader.py); changed on the reactor thread only.
+        self.lost_keys: set[str] = set()
 
     def batches(self, size: int) -> Iterator[list[tuple[int, str, str | None]]]:
         """Leased batches, as ``(number, url, None)``: the crawl checks each URL."""
@@ -52,9 +64,25 @@ class JobQueueUrls:
         progress = self.queue.progress()
         return progress.total - progress.done
 
-    def renew(self) -> None:
-        for batch in self.held:
-            self.queue.renew(batch, self.ttl)
+    def renew(self) -> list[tuple[WorkBatch, set[str]]]:
+        """Renew every batch held. The batches whose lease was lost (it expired, say
+        while the crawl stalled, and another holder took the batch over) are no longer
+        held: returned, each with the request keys of its URLs. A hub that fails is
+        told, and asked again next time."""
+        lost = []
+        for batch in list(self.held):
+            try:
+                renewed = self.queue.renew(batch, self.ttl)
+            except HubUnavailableError:  # the hub logs once that it is away
+                break
+            except Exception as exc:
+                logger.warning("Renewing batch %d failed: %s", batch.lease_id, exc)
+                break
+            if not renewed:
+                self.held.remove(batch)
+                keys = {key for key in map(_key, batch.urls) if key is not None}
+                lost.append((batch, keys))
+        return lost
 
     def finish(self, finished: bool) -> None:
         """Mark the batches done (the crawl finished its list) or give them back."""
@@ -64,3 +92,10 @@ class JobQueueUrls:
         finally:
             self.held = []
             self.hub.close()
+
+
+def _key(text: str) -> str | None:
+    """The request key a crawl gives the listed line *text* (None: not a URL)."""
+    from crawler.spiderkit.start import listed_key
+
+    return listed_key(text)[1]

@@ -88,7 +88,8 @@ async def listed_requests(
     looked up (SQLite lets go of the GIL while it searches) and handed over, and a
     list on a slow pipe never holds up the reactor. Off by default: on a loaded
     2-core machine it skipped slower and used more CPU (``benchmarks.bench_resume``
-    measures both).
+    measures both); always on for a list whose batches block (``urls.blocking``: a
+    job's work queue, leased from the hub).
     """
     from twisted.internet import reactor  # imported late: Scrapy installs it
 
@@ -101,6 +102,7 @@ async def listed_requests(
     except PartitionError as exc:
         raise UsageError(str(exc)) from None
     batches = urls.batches(batch)
+    thread = thread or getattr(urls, "blocking", False)
     if thread:
         pending = threads.deferToThread(_next_keyed, batches, shard, mode)
     while True:

@@ -1,0 +1,120 @@
+"""A crawl of a job's work queue that loses a batch's lease (it expired, and another
+holder took the batch over) stops fetching that batch's URLs: they are the other
+holder's now. With the real hub, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import time
+
+import pytest_twisted
+from scrapy.utils.defer import deferred_from_coro
+from twisted.internet.threads import deferToThread
+
+from crawler.hub import Hub, WorkQueue
+from crawler.hub.jobs import JobStore
+from crawler.storage.actionlog import read as read_log
+from spiders.site import SiteSpider
+from tests.crawls import crawl
+from tests.hostservers import HostServers
+from tests.hubs import hub_url  # noqa: F401 - a fixture
+
+
+def take_over(url: str, server, after: int):
+    """Once *server* got *after* requests: the crawl's lease as if it had stalled past
+    its TTL, and another holder taking its batch over; that holder's batch."""
+    deadline = time.monotonic() + 60
+    while server.hits() < after:
+        assert time.monotonic() < deadline, "the crawl never started"
+        time.sleep(0.02)
+    with Hub.open(url) as hub:
+        hub.execute("UPDATE hub_work_leases SET expires = NOW() - 1 WHERE ended IS NULL")
+        return WorkQueue(hub, "j", create=False).lease("heir", 100, ttl=60)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_crawl_that_lost_its_lease_stops_fetching_the_batch(tmp_path, hub_url, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("WORK_LEASE_TTL", "3")  # renewed every second
+    with HostServers(["slow.test"], latency=0.4) as hosts:
+        urls = hosts.urls("slow.test", 16)
+        with Hub.open(hub_url) as hub:
+            JobStore(hub).create("j", "site", {}, queue="j")
+            WorkQueue(hub, "j").load(urls, partition="host")
+        settings = {
+            **hosts.settings(),
+            "HUB_URL": hub_url,
+            "JOB": "j",
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+            "AUTOTHROTTLE_ENABLED": False,
+            "ROBOTSTXT_OBEY": False,
+        }
+        server = hosts["slow.test"]
+        heir = deferToThread(take_over, hub_url, server, 2)
+        with hosts.resolving():
+            crawler = await deferred_from_coro(crawl(SiteSpider, tmp_path / "data", settings))
+        batch = await heir
+        fetched = server.hits()
+    assert batch.urls == tuple(urls)  # the whole batch, taken over
+    # Fetched until the next renewal found the lease lost (a second, 2-3 pages), no more.
+    assert 2 <= fetched <= 6, fetched
+    stats = crawler.stats
+    assert stats.get_value("work/leases_lost") == 1
+    assert stats.get_value("work/lost_skipped") == len(urls) - fetched
+    # Neither an error nor an outcome for the URLs left: the heir writes theirs.
+    lines = read_log(tmp_path / "data" / "fetch_log.jsonl")
+    assert {e["outcome"] for e in lines} == {"ok"} and len(lines) == fetched
+    with Hub.open(hub_url) as hub:
+        leases = WorkQueue(hub, "j", create=False).leases()
+    # The crawl's own lease ended taken over; its end did not touch the heir's.
+    assert [(lease["holder"] == "heir", lease["end_reason"]) for lease in leases] == [
+        (False, "expired"),
+        (True, None),
+    ]
+
+
+def hold_the_hub(path: str, server, seconds: float) -> None:
+    """Once *server* got a request: the hub's SQLite file locked for writing by another
+    process's transaction for *seconds* (a hub that is slow to answer)."""
+    deadline = time.monotonic() + 60
+    while server.hits() < 1:
+        assert time.monotonic() < deadline, "the crawl never started"
+        time.sleep(0.02)
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as db:
+        db.execute("BEGIN IMMEDIATE")
+        time.sleep(seconds)
+        db.execute("ROLLBACK")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_slow_hub_does_not_hold_up_the_crawl_of_a_job_queue(tmp_path, monkeypatch):
+    from twisted.internet import task
+
+    monkeypatch.setenv("WORK_LEASE_TTL", "1.5")  # renewed every half second
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    with HostServers(["one.test"], latency=0.2) as hosts:
+        urls = hosts.urls("one.test", 20)
+        with Hub.open(hub) as opened:
+            JobStore(opened).create("j", "site", {}, queue="j")
+            WorkQueue(opened, "j").load(urls, partition="host")
+        settings = {
+            **hosts.settings(),
+            "HUB_URL": hub,
+            "JOB": "j",
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 1,
+            "AUTOTHROTTLE_ENABLED": False,
+            "ROBOTSTXT_OBEY": False,
+            "HOST_BUDGET_ENABLED": False,
+        }
+        ticks: list[float] = []
+        ticking = task.LoopingCall(lambda: ticks.append(time.monotonic()))
+        ticking.start(0.05)
+        held = deferToThread(hold_the_hub, f"{tmp_path}/hub.db", hosts["one.test"], 3.0)
+        with hosts.resolving():
+            await deferred_from_coro(crawl(SiteSpider, tmp_path / "data", settings))
+        await held
+        ticking.stop()
+    # Renewals waited for the hub in their thread: the reactor ran on, ticking and
+    # fetching (a renewal on the reactor would have stopped both for 3 s).
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
+    assert max(gaps) < 1.5, max(gaps)
