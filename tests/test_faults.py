@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.storage.datadir import DataDir
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
@@ -24,6 +25,7 @@ from tests.conftest import (
     start_crawl,
     write_urls,
 )
+from tests.crawls import crawl_site
 from tests.faults import committed_rows, wait_for_rows, writer_pid
 from tests.faultserver import RawServer
 from tests.polling import wait_until
@@ -277,14 +279,14 @@ def test_a_full_disk_is_one_message_and_the_next_run_repairs_the_log(site, small
         json.loads(line)  # every line whole: none torn in the middle
 
 
-def test_a_sqlite3_session_holding_the_write_lock_is_named_and_nothing_is_lost(
+@deferred_f_from_coro_f
+async def test_a_sqlite3_session_holding_the_write_lock_is_named_and_nothing_is_lost(
     site, tmp_path, data_dir
 ):
     if shutil.which("sqlite3") is None:
         need("the sqlite3 command-line shell")
     urls = [f"{site.base_url}/page/{n}.html" for n in range(40)]
-    first = write_urls(tmp_path / "first.txt", urls[:10])
-    assert run_crawl(first, data_dir).returncode == 0
+    await crawl_site(urls[:10], data_dir)
     catalog = DataDir(data_dir).catalog_path
     # A user's session left inside a write transaction.
     holder = subprocess.Popen(

@@ -9,10 +9,13 @@ import os
 import subprocess
 
 import pytest
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from tests.checks import catalog_rows
 from tests.cmdline import run_scrapy
 from tests.conftest import run_crawl, write_urls
+from tests.crawls import crawl, crawl_site
+from tests.item_spiders import ItemsSpider
 from tests.test_item_names import MODULES
 
 
@@ -20,10 +23,11 @@ def reparse(data_dir, *args):
     return run_scrapy("reparse", "items", "-s", f"DATA_DIR={data_dir}", *MODULES, *args)
 
 
-def test_reparse_and_crawl_say_which_archive_files_are_missing(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_reparse_and_crawl_say_which_archive_files_are_missing(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(5)]
     url_file = write_urls(tmp_path / "urls.txt", urls)
-    assert run_crawl(url_file, data_dir, *MODULES, spider="items").returncode == 0
+    await crawl(ItemsSpider, data_dir, urls=str(url_file))
     files = sorted({row.archive for row in catalog_rows(data_dir).values()})
     assert files
     for name in files:
@@ -34,10 +38,10 @@ def test_reparse_and_crawl_say_which_archive_files_are_missing(site, tmp_path, d
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     assert "missing" in result.stderr and all(name in result.stderr for name in files)
 
-    crawl = run_crawl(url_file, data_dir, *MODULES, spider="items")
-    assert crawl.returncode == 0, crawl.stderr[-3000:]
-    warning = [line for line in crawl.stderr.splitlines() if "archive files named by" in line]
-    assert len(warning) == 1 and all(name in warning[0] for name in files), crawl.stderr[-3000:]
+    again = run_crawl(url_file, data_dir, *MODULES, spider="items")
+    assert again.returncode == 0, again.stderr[-3000:]
+    warning = [line for line in again.stderr.splitlines() if "archive files named by" in line]
+    assert len(warning) == 1 and all(name in warning[0] for name in files), again.stderr[-3000:]
 
 
 def test_reparse_of_a_misspelled_data_dir_creates_nothing(tmp_path):
@@ -50,9 +54,10 @@ def test_reparse_of_a_misspelled_data_dir_creates_nothing(tmp_path):
         assert not wrong.exists()
 
 
-def test_offline_shell_on_a_cut_catalog_says_so(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_offline_shell_on_a_cut_catalog_says_so(site, tmp_path, data_dir):
     urls = [f"{site.base_url}/page/{n}.html" for n in range(30)]
-    assert run_crawl(write_urls(tmp_path / "u.txt", urls), data_dir).returncode == 0
+    await crawl_site(urls, data_dir)
     catalog = data_dir / "metadata.db"
     with open(catalog, "r+b") as f:
         f.truncate(os.path.getsize(catalog) // 2)
@@ -66,7 +71,8 @@ def test_offline_shell_on_a_cut_catalog_says_so(site, tmp_path, data_dir):
     assert len(errors) == 1 and str(catalog) in errors[0], result.stderr[-3000:]
 
 
-def test_reparse_of_a_read_only_data_dir_fails_before_parsing(site, tmp_path):
+@deferred_f_from_coro_f
+async def test_reparse_of_a_read_only_data_dir_fails_before_parsing(site, tmp_path):
     # Root ignores permission bits: a data directory on a mount made read-only.
     data_dir = tmp_path / "data"
     data_dir.mkdir()
@@ -80,7 +86,7 @@ def test_reparse_of_a_read_only_data_dir_fails_before_parsing(site, tmp_path):
     try:
         urls = [f"{site.base_url}/page/{n}.html" for n in range(5)]
         url_file = write_urls(tmp_path / "urls.txt", urls)
-        assert run_crawl(url_file, data_dir, *MODULES, spider="items").returncode == 0
+        await crawl(ItemsSpider, data_dir, urls=str(url_file))
         subprocess.run(["mount", "-o", "remount,ro", str(data_dir)], check=True)
         result = reparse(data_dir)
         assert result.returncode == 2, result.stderr[-3000:]

@@ -427,14 +427,20 @@ def kill_during_the_second_crawl(rng, shop, tmp_path, data_dir):
 
 
 # (pywb's fixtures are tests/test_pywb.py's, imported above.)
-def test_pywb_replays_an_unchanged_page_from_its_revisit(tmp_path, data_dir, wayback, pywb_bin):  # noqa: F811
+@deferred_f_from_coro_f
+async def test_pywb_replays_an_unchanged_page_from_its_revisit(
+    tmp_path,
+    data_dir,
+    wayback,  # noqa: F811
+    pywb_bin,  # noqa: F811
+):
     shop = DemoSite(pages=20, page_bytes=3000, seed=5)
     shop.start()
     try:
         urls = write_urls(
             tmp_path / "urls.txt", [f"{shop.base_url}/product/{n}.html" for n in range(20)]
         )
-        assert run_crawl(urls, data_dir).returncode == 0
+        await crawl_site(urls, data_dir)
         shop.bump("/product/0.html")
         second = run_crawl(urls, data_dir, "-a", "revalidate=1")
         assert second.returncode == 0, second.stderr[-3000:]
