@@ -7,7 +7,8 @@ shard), ship, and mark the batch done only once shipped; the lease is renewed wh
 the crawl runs (``WORK_LEASE_TTL``). A process that finds nothing to lease waits while
 other holders' leases are live (a dead holder's batch is taken over when its lease
 expires) and stops when every item is done. A batch whose crawl stopped early or
-failed is given back to the queue.
+failed is given back to the queue. A batch whose lease was lost (it expired and another
+holder took it over) has its crawl stopped: the new holder fetches its URLs.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Slot:
     batch: WorkBatch | None = None
     log_offset: int = 0  # the size of its action log when the batch's crawl started
     drained: bool = False  # nothing left to lease: every item is done
+    lost: bool = False  # its batch's lease was lost: the crawl was told to stop
 
 
 def failed_urls(log: Path, offset: int, urls: Iterable[str]) -> int:
@@ -142,6 +144,7 @@ class QueueTaskRunner(TaskRunner):
     def _finish(self, slot: Slot) -> None:
         code, batch = slot.proc.returncode, slot.batch
         slot.proc = slot.batch = None
+        slot.lost = False
         try:
             done = self.shippers[slot.k].ship()
         except Exception as exc:
@@ -167,14 +170,29 @@ class QueueTaskRunner(TaskRunner):
 
     def _renew(self) -> None:
         for slot in self.slots:
-            if slot.batch is None:
+            if slot.batch is None or slot.lost:
                 continue
             try:
-                if not self.queue.renew(slot.batch, self.config.lease_ttl):
-                    logger.warning("Lease of batch %d was lost (expired and taken over)",
-                                   slot.batch.lease_id)  # fmt: skip
+                renewed = self.queue.renew(slot.batch, self.config.lease_ttl)
             except Exception as exc:
                 logger.error("Renewing batch %d failed: %s", slot.batch.lease_id, exc)
+                continue
+            if not renewed:
+                self._lost(slot)
+
+    def _lost(self, slot: Slot) -> None:
+        """The slot's batch was taken over (its lease expired, say while the task
+        stalled): its URLs are the new holder's. The crawl stops as at a stop signal
+        (once: a second signal stops a crawl at once), and ships what it stored."""
+        slot.lost = True
+        logger.warning(
+            "Lease of batch %d was lost (expired and taken over by another holder): "
+            "stopping crawl p%d, whose URLs left the new holder fetches",
+            slot.batch.lease_id, slot.k,
+        )  # fmt: skip
+        if slot.proc is not None and slot.proc.poll() is None and not self._forwarded:
+            self.stopping_pids.add(slot.proc.pid)
+            slot.proc.send_signal(signal.SIGTERM)
 
 
 def run_queue(config: TaskConfig) -> int:

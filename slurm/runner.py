@@ -83,6 +83,7 @@ class TaskRunner:
         ]
         self.stop_signals = 0
         self._forwarded = False
+        self.stopping_pids: set[int] = set()  # crawls told to stop already
 
     def _on_signal(self, signum, frame) -> None:
         if signum == signal.SIGUSR1:
@@ -111,7 +112,7 @@ class TaskRunner:
         if self.stop_signals and not self._forwarded:
             self._forwarded = True
             for proc in self.procs:
-                if proc.poll() is None:
+                if proc.poll() is None and proc.pid not in self.stopping_pids:
                     proc.send_signal(signal.SIGTERM)
 
     def ship(self) -> bool:

@@ -5,7 +5,10 @@ holder's now. With the real hub, on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 
 import pytest_twisted
@@ -16,12 +19,13 @@ from crawler.hub import Hub, WorkQueue
 from crawler.hub.jobs import JobStore
 from crawler.storage.actionlog import read as read_log
 from spiders.site import SiteSpider
+from tests.conftest import ROOT, kill_group, write_urls
 from tests.crawls import crawl
 from tests.hostservers import HostServers
 from tests.hubs import hub_url  # noqa: F401 - a fixture
 
 
-def take_over(url: str, server, after: int):
+def take_over(url: str, server, after: int, queue: str = "j"):
     """Once *server* got *after* requests: the crawl's lease as if it had stalled past
     its TTL, and another holder taking its batch over; that holder's batch."""
     deadline = time.monotonic() + 60
@@ -30,7 +34,7 @@ def take_over(url: str, server, after: int):
         time.sleep(0.02)
     with Hub.open(url) as hub:
         hub.execute("UPDATE hub_work_leases SET expires = NOW() - 1 WHERE ended IS NULL")
-        return WorkQueue(hub, "j", create=False).lease("heir", 100, ttl=60)
+        return WorkQueue(hub, queue, create=False).lease("heir", 100, ttl=60)
 
 
 @pytest_twisted.ensureDeferred
@@ -118,3 +122,43 @@ async def test_a_slow_hub_does_not_hold_up_the_crawl_of_a_job_queue(tmp_path, mo
     # fetching (a renewal on the reactor would have stopped both for 3 s).
     gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=False)]
     assert max(gaps) < 1.5, max(gaps)
+
+
+def test_a_queue_task_stops_the_crawl_of_a_batch_taken_over(tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    with HostServers(["slow.test"], latency=0.2) as hosts:
+        urls = hosts.urls("slow.test", 40)
+        url_file = write_urls(tmp_path / "urls.txt", urls)
+        with Hub.open(hub) as opened:
+            WorkQueue(opened, "q").load(urls, partition="host")
+        cmd = [sys.executable, "-m", "slurm.task", "--urls", str(url_file), "--data",
+               str(tmp_path / "data"), "--stage", str(tmp_path / "stage"), "--task", "0",
+               "--tasks", "1", "--name", "t0", "--ship-every", "0.05", "--queue", "q",
+               "--batch", "100", "--", "-s", "CONCURRENT_REQUESTS=2",
+               "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "ROBOTSTXT_OBEY=0",
+               "-s", "HOST_BUDGET_ENABLED=0", *hosts.setting_args()]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "HUB_URL": hub, "WORK_LEASE_TTL": "3"}
+        with open(tmp_path / "task.log", "w") as log:
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+        try:
+            server = hosts["slow.test"]
+            heir = take_over(hub, server, 2, "q")
+            # The crawl stops at the task's next renewal; the heir then ends its batch.
+            deadline = time.monotonic() + 60
+            while "stopping crawl p0" not in (tmp_path / "task.log").read_text():
+                assert time.monotonic() < deadline, (tmp_path / "task.log").read_text()
+                time.sleep(0.1)
+            time.sleep(1.5)  # what the crawl had in flight ends
+            fetched = server.hits()
+            with Hub.open(hub) as opened:
+                assert WorkQueue(opened, "q", create=False).done(heir)
+            assert proc.wait(timeout=120) == 0, (tmp_path / "task.log").read_text()[-3000:]
+        finally:
+            kill_group(proc)
+        assert server.hits() == fetched
+    assert heir.urls == tuple(urls)
+    # A stopped crawl takes no request more from its scheduler; the two in its downloader
+    # end (a second's fetching at most before the renewal found the lease lost).
+    assert 2 <= fetched <= 12, fetched
+    assert "Lease of batch 1 was lost" in (tmp_path / "task.log").read_text()
