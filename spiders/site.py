@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import scrapy
@@ -30,14 +31,15 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 from twisted.internet.threads import deferToThread
 
-from crawler.hub.db import hub_url
 from crawler.spiderkit.domains import registered_domain
-from crawler.spiderkit.jobqueue import JobQueueUrls
 from crawler.spiderkit.parsers import hrefs, page_summary
 from crawler.spiderkit.partition import PartitionError, check_mode
 from crawler.spiderkit.start import BATCH as START_BATCH
 from crawler.spiderkit.start import listed_requests
 from crawler.spiderkit.urls import UrlList, parse_shard
+
+if TYPE_CHECKING:
+    from crawler.spiderkit.jobqueue import JobQueueUrls
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,12 @@ class SiteSpider(scrapy.Spider):
         return spider
 
     def _job_queue(self, crawler) -> JobQueueUrls:
+        # The hub is imported only by a crawl of a job: every spider of the project
+        # extends this one, and a crawl of a URL list or a re-parse has no use for it
+        # (0.1 G instructions of a process's start-up under callgrind).
+        from crawler.hub.db import hub_url
+        from crawler.spiderkit.jobqueue import JobQueueUrls
+
         job = crawler.settings.get("JOB") or os.environ.get("HUB_JOB")
         if not job:
             raise UsageError(
@@ -162,6 +170,8 @@ class SiteSpider(scrapy.Spider):
         return queue
 
     async def start(self):
+        from crawler.spiderkit.jobqueue import JobQueueUrls
+
         if isinstance(self.url_list, JobQueueUrls):
             pending = await maybe_deferred_to_future(deferToThread(self.url_list.pending))
             self.crawler.stats.set_value("progress/list_total", pending)
