@@ -73,6 +73,11 @@ class ItemFileWriter:
 
     def write_dict(self, row: dict) -> None:
         """Write an item given as a dict of plain values (see :meth:`takes_dicts`)."""
+        if not self.count:
+            # pyarrow (and numpy, which it imports) take a few tenths of a second to
+            # import: with the first item, while a pool's workers go on parsing, not at
+            # close, after they are done, when nothing else runs beside it.
+            import pyarrow.parquet  # noqa: F401
         self.count += 1
         self._batch.append(row)
         if len(self._batch) >= PARQUET_BATCH:
