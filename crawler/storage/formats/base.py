@@ -336,9 +336,9 @@ class ArchiveFormat:
         self, path: str | os.PathLike, spans: list[tuple[int, int]]
     ) -> Iterator[StoredRecord | ArchiveError]:
         """As :meth:`read_span`, each record decoded only when asked for: the file is
-        read (OSError raised) now, each body inflated just before its page is parsed.
-        A re-parse that held a task's 200 inflated bodies at once took fresh memory for
-        every task, and paid as much for it as for the inflating (docs/benchmarks.md)."""
+        read (OSError raised) now, each body inflated just before its page is parsed,
+        while it is in the CPU's caches. Holding a task's 200 inflated bodies at once
+        took fresh memory for every task (docs/benchmarks.md)."""
         start, end = spans[0][0], spans[-1][0] + spans[-1][1]
         with _open_either(path) as f:
             f.seek(start)
