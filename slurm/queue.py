@@ -18,13 +18,13 @@ import logging
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
 from crawler.hub.db import hub_url
-from crawler.hub.workqueue import item_key
+from crawler.hub.workqueue import item_key, unit_holders
 from crawler.storage.datadir import DataDir
 from slurm.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_INTERRUPTED, TaskConfig, TaskRunner
 
@@ -64,6 +64,19 @@ def failed_urls(log: Path, offset: int, urls: Iterable[str]) -> int:
     return sum(1 for outcome in final.values() if outcome == "error")
 
 
+def crawl_holders(args: Sequence[str]) -> int:
+    """How many holders of a unit the crawls' settings allow (``unit_holders``): the
+    project's settings, with the ``-s KEY=VALUE`` of the crawls' arguments over them."""
+    from scrapy.utils.project import get_project_settings
+
+    settings = get_project_settings()
+    for flag, value in zip(args, args[1:], strict=False):
+        if flag == "-s" and "=" in value:
+            key, _, setting = value.partition("=")
+            settings.set(key, setting, priority="cmdline")
+    return unit_holders(settings)
+
+
 class QueueTaskRunner(TaskRunner):
     """A task that takes its URLs from the hub's work queue, batch after batch."""
 
@@ -74,6 +87,7 @@ class QueueTaskRunner(TaskRunner):
         self.slots = [Slot(k) for k in range(config.procs)]
         self.stopping = False
         self.failed = False
+        self.holders = crawl_holders(config.scrapy_args)
         self.renew_every = max(min(config.lease_ttl / 3, 60.0), 0.5)
         self.poll_every = max(min(config.lease_ttl / 4, 10.0), 0.5)
 
@@ -117,7 +131,7 @@ class QueueTaskRunner(TaskRunner):
     def _lease(self, slot: Slot) -> None:
         try:
             batch = self.queue.lease(f"{self.holder}/p{slot.k}", self.config.batch,
-                                     self.config.lease_ttl)  # fmt: skip
+                                     self.config.lease_ttl, self.holders)  # fmt: skip
             if batch is None:
                 progress = self.queue.progress()
                 slot.drained = progress.pending == 0 and progress.leased + progress.expired == 0

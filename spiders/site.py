@@ -126,6 +126,7 @@ class SiteSpider(scrapy.Spider):
         # extends this one, and a crawl of a URL list or a re-parse has no use for it
         # (0.1 G instructions of a process's start-up under callgrind).
         from crawler.hub.db import hub_url
+        from crawler.hub.workqueue import unit_holders
         from crawler.spiderkit.jobqueue import JobQueueUrls
 
         job = crawler.settings.get("JOB") or os.environ.get("HUB_JOB")
@@ -134,7 +135,8 @@ class SiteSpider(scrapy.Spider):
                 "give the URL list: -a urls=PATH (one URL per line; - reads standard "
                 "input), or -s JOB=NAME to crawl a job's work queue"
             )
-        queue = JobQueueUrls(hub_url(crawler.settings, required=True), job)
+        holders = unit_holders(crawler.settings)
+        queue = JobQueueUrls(hub_url(crawler.settings, required=True), job, holders)
 
         def lost(batches) -> None:
             for batch, keys in batches:

@@ -214,3 +214,11 @@ def test_queue_load_lets_a_unit_have_as_many_holders_as_its_host_budget(tmp_path
         two = WorkQueue(hub, "two", create=False)
         held = [lease for lease in two.leases() if lease["ended"] is None]
         assert len(held) == 3
+        # An asker whose own settings allow one holder (host budgets off) shares no
+        # unit, whatever the queue was loaded with.
+        WorkQueue(hub, "again").load(big, partition="domain", holders=2)
+        again = WorkQueue(hub, "again", create=False)
+        assert again.lease("a", 2, ttl=60, holders=1).unit == "alpha.com"
+        assert again.lease("b", 2, ttl=60, holders=1) is None
+        assert again.lease("b", 2, ttl=60, holders=2).unit == "alpha.com"
+        assert again.lease("c", 2, ttl=60, holders=3) is None  # the unit's own 2

@@ -106,14 +106,18 @@ _WORK_MIGRATIONS: dict[int, list[str]] = {
     ],
 }
 
-# The units of a queue that have as many live leases as they allow: none of their
-# batches is leased now.
+# The units of a queue that have as many live leases as they allow, or as the asker
+# allows (the lesser): none of their batches is leased now.
 _HELD_UNITS = """
 SELECT l.unit FROM hub_work_leases l
 LEFT JOIN hub_work_units u ON u.queue_id = l.queue_id AND u.unit = l.unit
 WHERE l.queue_id = ? AND l.ended IS NULL AND l.expires >= NOW() AND l.unit IS NOT NULL
-GROUP BY l.unit, u.max_holders HAVING COUNT(*) >= COALESCE(u.max_holders, 1)
+GROUP BY l.unit, u.max_holders
+HAVING COUNT(*) >= CASE WHEN COALESCE(u.max_holders, 1) < ? THEN COALESCE(u.max_holders, 1)
+    ELSE ? END
 """
+# No cap of the asker's on a unit's holders: the unit's own max_holders holds.
+_ANY_HOLDERS = 2**31 - 1
 
 
 # PostgreSQL: many processes asking for pending items at once would all start at the
@@ -441,13 +445,19 @@ class WorkQueue:
         return int(rows[0][0])
 
     # --- leases -----------------------------------------------------------------
-    def lease(self, holder: Holder | str, size: int, ttl: float) -> WorkBatch | None:
+    def lease(
+        self, holder: Holder | str, size: int, ttl: float, holders: int | None = None
+    ) -> WorkBatch | None:
         """Lease a batch: an expired lease's batch, whole, else up to *size* pending
-        items; None when neither is there (see :meth:`progress` for why)."""
+        items; None when neither is there (see :meth:`progress` for why). *holders*:
+        the most holders the asker's crawl settings allow a unit (:func:`unit_holders`),
+        below its ``max_holders`` when fewer: a crawl without host budgets shares no
+        unit, whatever the queue was loaded with."""
         if size < 1 or ttl <= 0:
             raise ValueError("a lease needs size >= 1 and ttl > 0")
         if self.partition != "url":
-            return self._lease_unit(str(holder), size, ttl)
+            cap = _ANY_HOLDERS if holders is None else max(holders, 1)
+            return self._lease_unit(str(holder), size, ttl, cap)
         if self.hub.dialect.name == "postgresql":
             return self._lease_pg(str(holder), size, ttl)
         with self.hub.transaction() as tx:
@@ -474,7 +484,7 @@ class WorkQueue:
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
 
-    def _lease_unit(self, holder: str, size: int, ttl: float) -> WorkBatch | None:
+    def _lease_unit(self, holder: str, size: int, ttl: float, cap: int) -> WorkBatch | None:
         """A lease of a queue split by units: an expired lease's batch whose unit is not
         held as often as it allows, else up to *size* pending items of the first unit
         (by item order) that is not."""
@@ -485,7 +495,7 @@ class WorkQueue:
                 "SELECT id, unit FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
                 "AND expires < NOW() AND (unit IS NULL OR unit NOT IN (" + _HELD_UNITS + ")) "
                 "ORDER BY expires LIMIT 1",
-                (q, q),
+                (q, q, cap, cap),
             ).fetchone()
             if old is not None:
                 unit = old[1]
@@ -493,7 +503,7 @@ class WorkQueue:
                 row = tx.execute(
                     "SELECT unit FROM hub_work_items WHERE queue_id = ? AND state = 'pending' "
                     "AND unit NOT IN (" + _HELD_UNITS + ") ORDER BY id LIMIT 1",
-                    (q, q),
+                    (q, q, cap, cap),
                 ).fetchone()
                 if row is None:
                     return None

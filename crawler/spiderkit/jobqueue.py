@@ -30,7 +30,7 @@ class JobQueueUrls:
     # Its batches are leased from the hub: read in a thread (crawler/spiderkit/start.py).
     blocking = True
 
-    def __init__(self, hub_url: str, job: str):
+    def __init__(self, hub_url: str, job: str, holders: int | None = None):
         # The lease time Slurm tasks in queue mode use; renewed every third of it.
         self.ttl = float(os.environ.get("WORK_LEASE_TTL") or 300)
         self.hub = Hub.open(hub_url)
@@ -48,6 +48,7 @@ class JobQueueUrls:
         self.path = self.name = f"job {job}, queue {queue}"
         self.holder = str(Holder.current())
         self.held: list[WorkBatch] = []
+        self.holders = holders  # the most holders of a unit this crawl's settings allow
         # Request keys of the batches whose lease was lost: not to be fetched here
         # (crawler/downloader.py); changed on the reactor thread only.
         self.lost_keys: set[str] = set()
@@ -55,7 +56,7 @@ class JobQueueUrls:
     def batches(self, size: int) -> Iterator[list[tuple[int, str, str | None]]]:
         """Leased batches, as ``(number, url, None)``: the crawl checks each URL."""
         number = 0
-        while (batch := self.queue.lease(self.holder, size, self.ttl)) is not None:
+        while (batch := self.queue.lease(self.holder, size, self.ttl, self.holders)) is not None:
             self.held.append(batch)
             yield [(number := number + 1, url, None) for url in batch.urls]
 
