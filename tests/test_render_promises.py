@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import re
-import subprocess
+
+from scrapy.statscollectors import StatsCollector
+from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.render import BrowserNotFoundError, find_browser
 from tests.checks import actions, rows_by_url
-from tests.conftest import ROOT, crawl_command, crawl_env, write_urls
+from tests.crawls import crawl_site
 from tests.servers import need
 
-ONE_PAGE = ("-a", "render=1", "-s", "RENDER_MAX_PAGES=1", "-s", "CONCURRENT_REQUESTS=1")
+ONE_PAGE = {"RENDER_MAX_PAGES": 1, "CONCURRENT_REQUESTS": 1}
 
 
 def need_chromium() -> None:
@@ -30,28 +31,22 @@ def need_chromium() -> None:
         need("Chromium is not installed (Debian: apt-get install chromium)")
 
 
-def render_crawl(urls, data_dir, *args) -> str:
-    done = subprocess.run(crawl_command(urls, data_dir, *ONE_PAGE, *args), cwd=ROOT,
-                          env=crawl_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    return done.stderr
+async def render_crawl(urls: list[str], data_dir, settings: dict) -> StatsCollector:
+    """A crawl rendering every request, one browser page at a time; its stats."""
+    crawler = await crawl_site(urls, data_dir, {**ONE_PAGE, **settings}, render="1")
+    return crawler.stats
 
 
-def stat(log: str, name: str) -> int:
-    found = re.search(rf"'{re.escape(name)}': (\d+)", log)
-    return int(found.group(1)) if found else 0
-
-
-def test_error_pages_are_handed_over_at_once(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_error_pages_are_handed_over_at_once(site, data_dir):
     need_chromium()
     base = site.base_url
     urls = [f"{base}/js/190", f"{base}/missing/191", f"{base}/gone/192", f"{base}/js/193"]
     # The JS pages meet the wait; an error page never would, and waiting for it would
     # end in RENDER_TIMEOUT's error, with no row.
-    log = render_crawl(
-        write_urls(tmp_path / "urls.txt", urls), data_dir,
-        "-s", "RENDER_WAIT=selector=[data-ready]", "-s", "RENDER_TIMEOUT=20",
-    )  # fmt: skip
+    stats = await render_crawl(
+        urls, data_dir, {"RENDER_WAIT": "selector=[data-ready]", "RENDER_TIMEOUT": 20}
+    )
     rows = rows_by_url(data_dir)
     assert {u: (r.status, r.rendered) for u, r in rows.items()} == {
         urls[0]: (200, 1),
@@ -59,12 +54,13 @@ def test_error_pages_are_handed_over_at_once(site, tmp_path, data_dir):
         urls[2]: (410, 1),
         urls[3]: (200, 1),
     }
-    assert not [k for k in re.findall(r"'(render/errors/[^']+)'", log)]
-    assert stat(log, "playwright/page_count") == len(urls)
-    assert stat(log, "playwright/page_count/closed") == len(urls)
+    assert not [k for k in stats.get_stats() if k.startswith("render/errors/")]
+    assert stats.get_value("playwright/page_count") == len(urls)
+    assert stats.get_value("playwright/page_count/closed") == len(urls)
 
 
-def test_render_timeout_bounds_navigations_and_waits(site, tmp_path, data_dir):
+@deferred_f_from_coro_f
+async def test_render_timeout_bounds_navigations_and_waits(site, data_dir):
     need_chromium()
     base = site.base_url
     never_ready = f"{base}/js/194?delay=3600000"  # its selector never appears
@@ -72,11 +68,11 @@ def test_render_timeout_bounds_navigations_and_waits(site, tmp_path, data_dir):
     urls = [never_ready, never_loads, f"{base}/js/196?delay=3600000"]
     site.hold()
     try:
-        log = render_crawl(
-            write_urls(tmp_path / "urls.txt", urls), data_dir,
-            "-s", "RENDER_WAIT=selector=[data-ready]", "-s", "RENDER_TIMEOUT=2",
-            "-s", "RETRY_ENABLED=0",
-        )  # fmt: skip
+        stats = await render_crawl(
+            urls,
+            data_dir,
+            {"RENDER_WAIT": "selector=[data-ready]", "RENDER_TIMEOUT": 2, "RETRY_ENABLED": False},
+        )
     finally:
         site.release()
     assert rows_by_url(data_dir) == {}
@@ -84,5 +80,5 @@ def test_render_timeout_bounds_navigations_and_waits(site, tmp_path, data_dir):
     assert set(errors) == set(urls)
     assert all("Timeout 2000ms exceeded" in error for error in errors.values()), errors
     # A failed request's page is closed too: each of the three got the one page in turn.
-    assert stat(log, "playwright/page_count") == len(urls)
-    assert stat(log, "playwright/page_count/closed") == len(urls)
+    assert stats.get_value("playwright/page_count") == len(urls)
+    assert stats.get_value("playwright/page_count/closed") == len(urls)
