@@ -141,6 +141,35 @@ def test_items_become_plain_dicts_for_parquet_as_itemadapter_makes_them():
     assert "missing" not in plain(item)  # a field the instance lacks, as ItemAdapter
 
 
+def test_parquet_is_written_without_pandas_and_leaves_it_importable(tmp_path):
+    # In a process of its own: pandas is imported in this one by other tests.
+    script = textwrap.dedent(
+        f"""
+        import sys
+        from crawler.reparse.feeds import ItemFileWriter
+        writer = ItemFileWriter({str(tmp_path / "out.parquet")!r})
+        writer.write_dict({{"a": 1, "b": ["x", None], "c": {{"k": "v"}}}})
+        writer.write_dict({{"a": None, "b": [], "c": {{"k": "w"}}}})
+        writer.close()
+        print("pandas" in sys.modules)
+        import pandas
+        import pyarrow.parquet as pq
+        frame = pq.read_table({str(tmp_path / "out.parquet")!r}).to_pandas()
+        print(type(frame).__name__, len(frame))
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "DataFrame", "2"]
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert rows == [
+        {"a": 1, "b": ["x", None], "c": {"k": "v"}},
+        {"a": None, "b": [], "c": {"k": "w"}},
+    ]
+
+
 def test_where_limit_callback_and_formats(crawled, tmp_path):
     data_dir, _ = crawled
     common = ["-s", f"DATA_DIR={data_dir}", "--workers", "1"]

@@ -9,6 +9,7 @@ succeeds; :meth:`ItemFileWriter.abort` removes it.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from itemadapter import ItemAdapter
@@ -24,6 +25,38 @@ EXPORTERS = {
 }
 FORMATS = sorted([*EXPORTERS, ".parquet"])
 PARQUET_BATCH = 10_000
+
+
+class _NoPandas:
+    """A meta path finder that has ``import pandas`` fail (see :func:`load_arrow`)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not used to write parquet here", name=name)
+        return None
+
+
+def load_arrow() -> None:
+    """Import pyarrow, and have it take the values it converts for plain Python values.
+
+    The first time pyarrow converts Python values it imports pandas to ask whether
+    they are pandas objects, which took longer than importing pyarrow itself. Items
+    reach the parquet writer as plain values (:func:`crawler.reparse.runner.plain`):
+    that import is made to fail once, and pyarrow does not ask again. A process that
+    has imported pandas already keeps it, and pyarrow still imports it when asked for
+    pandas itself (``to_pandas``).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet  # noqa: F401
+
+    if "pandas" in sys.modules:
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([])
+    finally:
+        sys.meta_path.remove(finder)
 
 
 class FeedFormatError(ValueError):
@@ -77,7 +110,7 @@ class ItemFileWriter:
             # pyarrow (and numpy, which it imports) take a few tenths of a second to
             # import: with the first item, while a pool's workers go on parsing, not at
             # close, after they are done, when nothing else runs beside it.
-            import pyarrow.parquet  # noqa: F401
+            load_arrow()
         self.count += 1
         self._batch.append(row)
         if len(self._batch) >= PARQUET_BATCH:
