@@ -437,7 +437,9 @@ class Reparse:
             return
         # Fails fast on a bad spider or callback, before any process starts.
         reparser = Reparser(*init)
-        with worker_pool(workers, reparser, init) as pool:
+        pool = worker_pool(workers, reparser, init)
+        finished = False
+        try:
             # A few tasks in flight per worker: memory stays bounded, results in order.
             pending: deque = deque()
             for task in tasks:
@@ -446,6 +448,21 @@ class Reparse:
                     yield pending.popleft().get()
             while pending:
                 yield pending.popleft().get()
+            finished = True
+        finally:
+            end_pool(pool, finished)
+
+
+def end_pool(pool, finished: bool) -> None:
+    """Let a pool's workers end: those of a finished run exit on their own once told
+    there is no more work (``close``); ``terminate`` only for a run cut short (an
+    error, an interrupt). Terminating idle workers raced with them on the task queue's
+    lock, and once in a few thousand pools the parent waited forever."""
+    if finished:
+        pool.close()
+    else:
+        pool.terminate()
+    pool.join()
 
 
 def worker_pool(workers: int, reparser: Reparser, init: tuple):
