@@ -45,6 +45,19 @@ def test_pragmas_and_schema(tmp_path):
     }  # fmt: skip
 
 
+def test_the_busy_timeout_comes_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("CATALOG_BUSY_TIMEOUT", "2.5")
+    with Catalog(tmp_path / "metadata.db") as catalog:
+        assert catalog.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
+    with Catalog(tmp_path / "metadata.db", readonly=True) as catalog:
+        assert catalog.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv("CATALOG_BUSY_TIMEOUT", bad)
+        with pytest.raises(CatalogError, match=r"CATALOG_BUSY_TIMEOUT=.*seconds >= 0"):
+            Catalog(tmp_path / "metadata.db")
+    assert (tmp_path / "metadata.db").exists()
+
+
 def test_a_reader_never_sees_a_catalog_being_created(tmp_path):
     path = tmp_path / "metadata.db"
     seen = []

@@ -300,13 +300,16 @@ async def test_a_sqlite3_session_holding_the_write_lock_is_named_and_nothing_is_
         holder.stdin.flush()
         assert holder.stdout.readline().strip() == "holding"
         url_file = write_urls(tmp_path / "urls.txt", urls)
-        result = run_crawl(url_file, data_dir)
+        # How long a crawl waits for the lock is the user's: 2 s instead of 30.
+        env = {**crawl_env(), "CATALOG_BUSY_TIMEOUT": "2"}
+        result = run_crawl(url_file, data_dir, env=env)
         assert result.returncode == 1, result.stderr[-3000:]
         assert "Traceback" not in result.stderr, result.stderr[-6000:]
         errors = [line for line in result.stderr.splitlines() if " ERROR: " in line]
         assert len(errors) == 1, errors
         assert f"pid {holder.pid} (sqlite3 {catalog})" in errors[0], errors
         assert "COMMIT or ROLLBACK" in errors[0]
+        assert "stayed locked for 2 s (CATALOG_BUSY_TIMEOUT)" in errors[0], errors
     finally:
         holder.stdin.close()  # the session quits: its transaction is rolled back
         holder.wait(timeout=30)

@@ -224,21 +224,44 @@ CHECKPOINT_WAIT_MS = 2000
 # -- connections and transactions --------------------------------------------------------
 
 
+BUSY_TIMEOUT_ENV = "CATALOG_BUSY_TIMEOUT"
+BUSY_TIMEOUT = 30.0  # seconds
+
+
+def busy_timeout() -> float:
+    """How long a catalog connection waits for another program's lock, in seconds:
+    ``CATALOG_BUSY_TIMEOUT`` in the environment, so that every tool and process of a
+    crawl (the writer's included) waits the same."""
+    value = os.environ.get(BUSY_TIMEOUT_ENV, "").strip()
+    if not value:
+        return BUSY_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise CatalogError(
+            f"{BUSY_TIMEOUT_ENV}={value!r}: expected seconds >= 0 (unset: {BUSY_TIMEOUT:g})"
+        )
+    return seconds
+
+
 def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connection:
     """Open the catalog database with the project's pragmas."""
     path = Path(path)
+    wait = busy_timeout()
     if readonly:
         if not path.exists():
             raise CatalogError(f"{path}: no catalog here (run a crawl first)")
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=wait)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        conn = sqlite3.connect(path, timeout=wait, isolation_level=None)
     try:
         if not readonly:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA busy_timeout=30000")
+        conn.execute(f"PRAGMA busy_timeout={round(wait * 1000)}")
         conn.execute("PRAGMA temp_store=MEMORY")
         conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
     except sqlite3.DatabaseError as exc:

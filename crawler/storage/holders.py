@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from crawler.storage.catalog import BUSY_TIMEOUT_ENV, busy_timeout
+
 
 def holders(path: str | os.PathLike) -> list[str]:
     """The other processes that have ``path`` open, as ``pid N (command line)``."""
@@ -28,7 +30,8 @@ def catalog_locked_message(path: str | os.PathLike) -> str:
     """What to tell a user when another program holds the catalog's write lock."""
     held_by = ", ".join(holders(path)) or "a process this user cannot see"
     return (
-        f"the catalog {path} stayed locked by another program's write transaction "
+        f"the catalog {path} stayed locked for {busy_timeout():g} s ({BUSY_TIMEOUT_ENV}) "
+        f"by another program's write transaction "
         f"(open by: {held_by}); end that transaction (COMMIT or ROLLBACK, or quit that "
         "sqlite3 session) and run the crawl again: nothing stored is lost, the next run "
         "indexes what was not committed"
