@@ -4,12 +4,18 @@ the delay: no schedule that keeps every host to its delay can be shorter).
 
     python -m benchmarks.bench_politeness [--hosts 40] [--per-host 25] [--delay 1]
         [--procs 8] [--skew 0.6] [--skew-delay 0.25] [--rounds 1] [--only even|skewed]
+        [--starts fork|plain|both]
 
 Each host name has its own server on 127.0.0.1 (tests/hostservers.py), logging every
 request; ``python -m slurm.task`` runs ``--procs`` crawl processes (one task, as on a
 node), no jitter, ``CONCURRENT_REQUESTS_PER_DOMAIN=1``, AutoThrottle off. Printed per
-run: wall time from the task's start to its exit, the ideal, their ratio, and the most
-requests one host got in any 10 s against what its delay allows (10 / delay + 1).
+run: wall time from the task's start to its exit, the ideal, their ratio, the most
+requests one host got in any 10 s against what its delay allows (10 / delay + 1), and,
+from the servers' logs, when the first request came after the task's start (the
+crawls' start-up), how long the requests took, and how long after the last answer the
+task exited (the crawls' close and the last shipment). ``--starts both`` runs each
+``--only even`` case with the crawls forked from the task's fork server and as plain
+processes (``--no-fork-server``), alternating.
 
 - even: ``--hosts`` hosts x ``--per-host`` URLs; runs alternate ``CRAWL_PARTITION``
   ``domain`` (one process per site: polite) and ``url`` (every process asks every host:
@@ -51,8 +57,9 @@ def url_list(hosts: HostServers, names: list[str], counts: list[int]) -> list[st
 
 
 def run_task(workdir: Path, urls: list[str], hosts: HostServers, procs: int, delay: float,
-             partition: str, hub: str | None) -> float:  # fmt: skip
-    """Run one task of ``procs`` crawl processes over ``urls``; returns its wall time."""
+             partition: str, hub: str | None, start: str = "fork") -> tuple[float, float]:  # fmt: skip
+    """Run one task of ``procs`` crawl processes over ``urls``; returns when it started
+    and ended (``time.monotonic()``, the clock of the servers' logs)."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -76,32 +83,38 @@ def run_task(workdir: Path, urls: list[str], hosts: HostServers, procs: int, del
     cmd = [sys.executable, "-m", "slurm.task", "--urls", str(url_file), "--data",
            str(workdir / "data"), "--stage", str(workdir / "stage"), "--task", "0",
            "--tasks", "1", "--procs", str(procs), "--partition", partition,
-           "--ship-every", "60", "--", *args]  # fmt: skip
+           "--ship-every", "60", f"--{'' if start == 'fork' else 'no-'}fork-server",
+           "--", *args]  # fmt: skip
     started = time.monotonic()
     with open(workdir / "task.log", "wb") as log:
         code = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.monotonic() - started
+    ended = time.monotonic()
     if code != 0:
         raise SystemExit(f"the task failed ({code}): see {workdir / 'task.log'}")
-    return wall
+    return started, ended
 
 
 def measure(label: str, workdir: Path, names: list[str], counts: list[int], procs: int,
-            delay: float, partition: str, hub: bool) -> float:  # fmt: skip
+            delay: float, partition: str, hub: bool, start: str = "fork") -> float:  # fmt: skip
     with HostServers(names, latency=0.01) as hosts:
         urls = url_list(hosts, names, counts)
         hub_url = f"sqlite:///{workdir}-hub.db" if hub else None
         if hub_url:
             Path(f"{workdir}-hub.db").unlink(missing_ok=True)
-        wall = run_task(workdir, urls, hosts, procs, delay, partition, hub_url)
+        started, ended = run_task(workdir, urls, hosts, procs, delay, partition, hub_url, start)
         busiest = max(server.max_in_window(10.0) for server in hosts)
-        served = sum(len(server.log()) for server in hosts)
-    ideal = max(counts) * delay
+        logs = [server.log() for server in hosts]
+    served = sum(len(log) for log in logs)
+    first = min(log[0].start for log in logs if log)
+    last = max(r.end or r.start for log in logs for r in log)
+    wall, ideal = ended - started, max(counts) * delay
     allowed = int(10 / delay) + 1
     print(
         f"{label:<34} wall {wall:7.1f} s  ideal {ideal:6.1f} s  ratio {wall / ideal:5.2f}  "
         f"busiest host {busiest:4d} requests in 10 s (its delay allows {allowed}); "
-        f"{served} requests served",
+        f"{served} requests served\n"
+        f"{'':<34} first request {first - started:4.1f} s after the start, requests "
+        f"{last - first:5.1f} s, exit {ended - last:4.1f} s after the last answer",
         flush=True,
     )
     return wall / ideal
@@ -117,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skew-delay", type=float, default=0.25)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--only", choices=("even", "skewed"))
+    parser.add_argument("--starts", choices=("fork", "plain", "both"), default="fork",
+                        help="even: crawls forked from the task's fork server, plain "
+                        "processes (--no-fork-server), or both, alternating")  # fmt: skip
     args = parser.parse_args(argv)
     print(f"load before: {os.getloadavg()[0]:.2f} (1 min), {os.cpu_count()} CPUs", flush=True)
     names = host_names(args.hosts)
@@ -126,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             if args.only != "skewed":
                 even = [args.per_host] * args.hosts
-                ratios = [
-                    measure(f"even, round {r}, partition {mode}", work / f"even-{mode}", names,
-                            even, args.procs, args.delay, mode, hub=False)
-                    for mode in ("domain", "url")
-                ]  # fmt: skip
-                print(f"  domain / url wall time: {ratios[0] / ratios[1]:.2f}", flush=True)
+                starts = ("fork", "plain") if args.starts == "both" else (args.starts,)
+                for start in starts:
+                    ratios = [
+                        measure(f"even, round {r}, {mode}, {start}", work / f"even-{mode}",
+                                names, even, args.procs, args.delay, mode, False, start)
+                        for mode in ("domain", "url")
+                    ]  # fmt: skip
+                    print(f"  domain / url wall time: {ratios[0] / ratios[1]:.2f}", flush=True)
             if args.only != "even":
                 big = round(total * args.skew)
                 rest = total - big
