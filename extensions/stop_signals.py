@@ -11,7 +11,6 @@ import logging
 import signal
 
 from scrapy import signals
-from twisted.internet import reactor
 
 logger = logging.getLogger(__name__)
 
@@ -34,4 +33,8 @@ class StopSignalsExtension:
         if callable(term):
             term(signum, frame)
         else:
+            # Imported here: importing this module must not install a reactor (the
+            # crawl installs the asyncio one; slurm/forkserver.py preloads modules).
+            from twisted.internet import reactor
+
             reactor.callFromThread(self.crawler.stop)

@@ -26,6 +26,7 @@ from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
 from crawler.hub.db import hub_url
 from crawler.hub.workqueue import item_key, unit_holders
 from crawler.storage.datadir import DataDir
+from slurm.forkserver import ForkedProcess
 from slurm.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_INTERRUPTED, TaskConfig, TaskRunner
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class Slot:
     """Crawl process k of a queue-mode task: the batch it crawls, if any."""
 
     k: int
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen | ForkedProcess | None = None
     batch: WorkBatch | None = None
     log_offset: int = 0  # the size of its action log when the batch's crawl started
     drained: bool = False  # nothing left to lease: every item is done
@@ -98,6 +99,7 @@ class QueueTaskRunner(TaskRunner):
     def run(self) -> int:
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
+        self.open_fork_server()
         now = time.monotonic()
         next_ship, next_renew, next_poll = now + self.config.ship_every, now, now
         while True:
@@ -122,11 +124,15 @@ class QueueTaskRunner(TaskRunner):
             if time.monotonic() >= next_ship:
                 self.ship()
                 next_ship = time.monotonic() + self.config.ship_every
-            time.sleep(0.2)
+            self.pause(0.2)
+        self.close_fork_server()
         shipped = self.ship()
         if self.failed or not shipped:
             return EXIT_FAILED
         return EXIT_FINISHED if all(s.drained for s in self.slots) else EXIT_INTERRUPTED
+
+    def ended(self, k: int) -> bool:
+        return self.slots[k].proc is None
 
     def _lease(self, slot: Slot) -> None:
         try:
@@ -164,6 +170,8 @@ class QueueTaskRunner(TaskRunner):
         except Exception as exc:
             logger.error("Shipping p%d failed: %s", slot.k, exc, exc_info=True)
             done = None
+        else:
+            self.settled.add(slot.k)
         complete = code == EXIT_FINISHED and done is not None and done.held_back == 0
         try:
             if complete:

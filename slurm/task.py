@@ -2,7 +2,7 @@
 
     python -m slurm.task --urls URLS --data DATA --stage STAGE --task I --tasks N \\
         [--procs P] [--spider site] [--name NAME] [--ship-every MINUTES]
-        [--partition domain|host|url] [-- scrapy args]
+        [--partition domain|host|url] [--no-fork-server] [-- scrapy args]
 
 Crawl process k of task I crawls shard ``I*P+k`` of ``N*P`` (``-a shard=``, split by
 ``--partition``: ``-a partition=``, default the ``CRAWL_PARTITION`` setting) into
@@ -11,6 +11,11 @@ Crawl process k of task I crawls shard ``I*P+k`` of ``N*P`` (``-a shard=``, spli
 ``--ship-every`` minutes. Every ``--ship-every`` minutes each process's closed
 archives, then its catalog and action log, are shipped (:class:`slurm.ship.Shipper`)
 as ``DATA/catalogs/NAME_p<k>.db``; its output goes to ``DATA/logs/NAME_p<k>.log``.
+
+The crawl processes are forked from a fork server that imported Scrapy, Twisted and
+the project once (:mod:`slurm.forkserver`); ``--no-fork-server`` (or
+``CRAWL_FORK_SERVER=0``) starts each as a plain ``python -m scrapy crawl`` process.
+Each crawl's work is shipped again as soon as it ends.
 
 SIGUSR1 (the batch script forwards what Slurm sends it before the time limit): each
 crawl gets one SIGTERM, its graceful stop. SIGTERM: not forwarded, since Slurm sends
@@ -65,6 +70,13 @@ def parse_args(argv: list[str]) -> TaskConfig:
         help="shard mode: what a shard takes whole (default: the CRAWL_PARTITION setting, "
         "domain); queue mode: set when the queue is loaded",
     )
+    parser.add_argument(
+        "--fork-server",
+        action=argparse.BooleanOptionalAction,
+        default=os.environ.get("CRAWL_FORK_SERVER", "1").lower() not in ("0", "no", "false"),
+        help="fork the crawls from a server that imported Scrapy once (default; "
+        "CRAWL_FORK_SERVER=0 turns it off); --no-fork-server: plain processes",
+    )
     parser.add_argument("scrapy_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     extra = args.scrapy_args[1:] if args.scrapy_args[:1] == ["--"] else args.scrapy_args
@@ -84,6 +96,7 @@ def parse_args(argv: list[str]) -> TaskConfig:
         queue=args.queue,
         batch=args.batch,
         partition=args.partition or "",
+        fork_server=args.fork_server,
         lease_ttl=float(os.environ.get("WORK_LEASE_TTL") or 300),
     )
 
