@@ -15,7 +15,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
-from crawler.cli import no_crawler_logging, tidy_parser
+from crawler.cli import exit_now, no_crawler_logging, tidy_parser
 
 if TYPE_CHECKING:
     from crawler.reparse.plan import ReparseConfig
@@ -103,6 +103,13 @@ class Command(ScrapyCommand):
             raise UsageError("invalid -a value, use -a NAME=VALUE", print_help=False) from None
 
     def run(self, args, opts) -> None:
+        self._run(args, opts)
+        # The items are committed (or the output file closed) and the worker pool has
+        # ended: what is left of the process is the interpreter's teardown.
+        if not opts.profile:
+            exit_now(self.exitcode)
+
+    def _run(self, args, opts) -> None:
         # Imported here, not at the top: Scrapy imports every command module to run
         # any one of them, and a crawl has no use for the re-parse machinery.
         from crawler.reparse.feeds import FeedFormatError, check_output

@@ -327,6 +327,21 @@ def test_corrupt_and_truncated_records_are_reported_and_skipped(crawled, tmp_pat
     assert out.exists()  # the records that could be read are all there
 
 
+def test_reparse_ends_with_its_status_and_writes_a_profile_asked_for(crawled, tmp_path):
+    # The command ends its process itself once its work is done (no interpreter
+    # teardown), except under --profile: Scrapy writes the statistics after it returns.
+    data_dir, _ = crawled
+    out, profile = tmp_path / "pages.jsonl", tmp_path / "reparse.prof"
+    args = ("reparse", "site", "-s", f"DATA_DIR={data_dir}", "-o", str(out), "--limit", "3")
+    result = run_scrapy(*args, "--profile", str(profile))
+    assert result.returncode == 0, result.stderr
+    assert profile.stat().st_size > 0
+    assert len(read_jsonl(out)) == 3
+    result = run_scrapy(*args, "--where", "status = 404")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.rstrip().endswith(f"output: {out}")  # the last line, flushed
+
+
 def test_progress_line():
     stream = io.StringIO()
     progress = Progress(200, stream)
