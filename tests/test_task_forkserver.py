@@ -112,7 +112,11 @@ def test_crawls_outlive_a_dead_server_and_end_as_unknown(server, child):
 
 
 def run_task(
-    tmp_path: Path, hosts: HostServers, *options: str, per_host: int = 30
+    tmp_path: Path,
+    hosts: HostServers,
+    *options: str,
+    per_host: int = 30,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     urls = hosts.urls("a.test", per_host) + hosts.urls("b.test", per_host)
     cmd = [sys.executable, "-m", "slurm.task", "--urls", str(write_urls(tmp_path / "urls.txt", urls)),
@@ -120,7 +124,7 @@ def run_task(
            "--tasks", "1", "--procs", "2", "--name", "t0", "--partition", "url", *options, "--",
            "-s", "AUTOTHROTTLE_ENABLED=0", "-s", "ROBOTSTXT_OBEY=0", "-s", "DOWNLOAD_DELAY=0",
            "-s", "CONCURRENT_REQUESTS_PER_DOMAIN=1", *hosts.setting_args()]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     env.pop("CRAWL_FORK_SERVER", None)
     with open(tmp_path / "task.log", "w") as log:
         return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -185,3 +189,34 @@ def test_a_crawl_killed_9_ends_alone_and_is_shipped_while_the_others_crawl(tmp_p
     assert text.count("Shipped t0_p0:") == 1, text  # once, not again at the end
     log = (tmp_path / "data" / "logs" / "t0_p1.log").read_text()
     assert "Spider closed (finished)" in log, log
+
+
+def test_a_task_whose_imports_start_a_thread_starts_plain_crawls(tmp_path):
+    """Forking a process that runs threads is unsafe: an extension that starts one when
+    imported makes the server refuse, and the task crawls with plain processes."""
+    (tmp_path / "threadext.py").write_text(
+        "import threading, time\n"
+        "threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+        "class ThreadExtension:\n"
+        "    @classmethod\n"
+        "    def from_crawler(cls, crawler):\n"
+        "        return cls()\n"
+    )
+    (tmp_path / "threadsettings.py").write_text(
+        "from crawler.settings import *  # noqa\n"
+        "EXTENSIONS = {**EXTENSIONS, 'threadext.ThreadExtension': 900}\n"
+    )
+    env = {"SCRAPY_SETTINGS_MODULE": "threadsettings",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}  # fmt: skip
+    with HostServers(["a.test", "b.test"], latency=0.01) as hosts:
+        task = run_task(tmp_path, hosts, per_host=3, env=env)
+        try:
+            assert task.wait(timeout=120) == 0, (tmp_path / "task.log").read_text()
+        finally:
+            kill_group(task)
+        fetched = sum(server.hits() for server in hosts)
+    text = (tmp_path / "task.log").read_text()
+    assert "No fork server (the imports started threads" in text, text
+    assert "crawls start as plain processes" in text
+    assert "Crawl exit statuses: [0, 0]" in text, text
+    assert fetched == 6
