@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import shutil
 import signal
 import sqlite3
+import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
 import scrapy
 from itemadapter import ItemAdapter
 
-from crawler.reparse import follow
+from crawler.reparse import follow, runner
 from crawler.reparse.follow import Follow
 from crawler.reparse.plan import ReparseConfig
 from crawler.reparse.runner import plain
@@ -108,3 +112,20 @@ def test_follow_writes_each_batch_once_with_the_next_one_in_flight(
     assert progress(data_dir) == (last, len(PAGES), len(PAGES))
     again = Follow(config, until_idle=0, poll=0.05).run()
     assert again.pages == 0
+
+
+def test_a_worker_that_outlives_terminate_is_killed(monkeypatch):
+    # A worker that does not act on SIGTERM: as one still holding its parent's handler
+    # (which only logs it) when the pool is terminated, before its initializer ran.
+    monkeypatch.setattr(runner, "TERMINATE_WAIT", 1.0)
+    pool = multiprocessing.get_context("fork").Pool(
+        1, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_IGN)
+    )
+    assert pool.apply(os.getpid) != os.getpid()  # the worker is up, ignoring SIGTERM
+    pool.apply_async(time.sleep, (600,))  # and busy: it reads no "no more work"
+    workers = list(pool._pool)
+    ending = threading.Thread(target=runner.end_pool, args=(pool, False), daemon=True)
+    ending.start()
+    ending.join(timeout=60)
+    assert not ending.is_alive(), "the parent waited for a worker that ignores SIGTERM"
+    assert [w.exitcode for w in workers] == [-signal.SIGKILL]

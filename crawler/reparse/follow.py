@@ -38,6 +38,7 @@ from crawler.reparse.runner import (
     Problem,
     Reparser,
     TaskResult,
+    end_pool,
     run_in_worker,
     task_rows,
     worker_pool,
@@ -134,15 +135,16 @@ class Follow:
         parse = (
             partial(map, reparser.run_task) if pool is None else partial(pool.imap, run_in_worker)
         )
+        finished = False
         try:
             if shipped:
                 self._loop_shipped(writer, parse, summary)
             else:
                 self._loop(writer, parse, summary)
+            finished = not self.stopping
         finally:
             if pool is not None:
-                pool.terminate()
-                pool.join()
+                end_pool(pool, finished)
             writer.close()
         return summary
 

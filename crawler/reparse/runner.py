@@ -8,11 +8,13 @@ requests the callback yields are counted and dropped.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import multiprocessing
 import signal
 import sys
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -453,16 +455,38 @@ class Reparse:
             end_pool(pool, finished)
 
 
+# A terminated worker that has not ended after this long is killed.
+TERMINATE_WAIT = 5.0
+
+
 def end_pool(pool, finished: bool) -> None:
     """Let a pool's workers end: those of a finished run exit on their own once told
     there is no more work (``close``); ``terminate`` only for a run cut short (an
     error, an interrupt). Terminating idle workers raced with them on the task queue's
-    lock, and once in a few thousand pools the parent waited forever."""
+    lock, and once in a few thousand pools the parent waited forever. A worker that
+    outlives ``terminate`` (its SIGTERM came before it could act on one) is killed
+    after ``TERMINATE_WAIT`` seconds rather than waited for."""
     if finished:
         pool.close()
-    else:
+        pool.join()
+        return
+    workers = list(getattr(pool, "_pool", ()))
+    stragglers = threading.Timer(TERMINATE_WAIT, _kill, (workers,))
+    stragglers.daemon = True
+    stragglers.start()
+    try:
         pool.terminate()
-    pool.join()
+        pool.join()
+    finally:
+        stragglers.cancel()
+
+
+def _kill(workers) -> None:
+    for worker in workers:
+        if worker.exitcode is None:
+            logger.warning("Re-parse worker %s did not end when told: killing it", worker.pid)
+            with contextlib.suppress(OSError):
+                worker.kill()
 
 
 def worker_pool(workers: int, reparser: Reparser, init: tuple):
@@ -474,7 +498,16 @@ def worker_pool(workers: int, reparser: Reparser, init: tuple):
         # (catalog connections) is used in a worker.
         global _worker
         _worker = reparser
-        return multiprocessing.get_context("fork").Pool(workers, initializer=quiet_worker)
+        # The workers are forked with SIGTERM's default action: until their initializer
+        # runs they would otherwise have the parent's handler, which only logs it, and a
+        # pool terminated that early waited for them.
+        main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL) if main else None
+        try:
+            return multiprocessing.get_context("fork").Pool(workers, initializer=quiet_worker)
+        finally:
+            if main:
+                signal.signal(signal.SIGTERM, previous)
     # Spawned workers start with SIGINT ignored: the parent handles it and ends the pool.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
