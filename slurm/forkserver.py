@@ -7,8 +7,9 @@ node's few cores waited several seconds for them all. :class:`ForkServer` starts
 process (``python -m slurm.forkserver``) that imports all of it once (:func:`preload`),
 then forks a child per crawl. The child is a process of its own, as a plain one:
 
-- its working directory, environment and ``sys.argv`` are the crawl's; its stdin is
-  ``/dev/null``, its stdout and stderr the crawl's log file;
+- its working directory, environment (``PYTHONPATH`` included) and ``sys.argv`` are
+  the crawl's; its stdin is ``/dev/null``, its stdout and stderr the crawl's log file
+  (or files of the caller's choice);
 - it runs ``python -m MODULE ARGS`` as the interpreter would (``runpy``), ends as the
   interpreter does (threads joined, ``atexit``, stdout and stderr flushed) but without
   tearing down its modules (:func:`finish`), and its exit status, or the signal that
@@ -188,16 +189,21 @@ def become(request: dict) -> None:
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
+    log = request["log"]
+    for fd, path, flags in (
+        (0, request.get("stdin") or os.devnull, os.O_RDONLY),
+        (1, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+        (2, request.get("stderr") or log, os.O_WRONLY | os.O_CREAT | os.O_APPEND),
+    ):
+        opened = os.open(path, flags, 0o644)
+        os.dup2(opened, fd)
+        os.close(opened)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # What PYTHONPATH puts on a fresh interpreter's path, when it differs from the server's.
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[1:1] = [p for p in extra if p not in sys.path]
     argv = request["argv"]
     if argv[1:2] != ["-m"] or os.path.realpath(argv[0]) != os.path.realpath(sys.executable):
         os.execvpe(argv[0], argv, request["env"])  # not ``python -m``: run it as it is
@@ -325,14 +331,17 @@ class ForkServer:
         self._buffer = b""
         self.ready_after = 0.0  # seconds from start to ready
 
-    def start(self, timeout: float = 120.0) -> None:
-        """Start the server and wait until it has preloaded; raises ForkServerError."""
+    def start(self, timeout: float = 120.0, cwd: Path | None = None,
+              env: dict[str, str] | None = None) -> None:  # fmt: skip
+        """Start the server (in ``cwd``, whose Scrapy project it preloads) and wait until
+        it has preloaded; raises ForkServerError."""
         started = time.monotonic()
         self.proc = subprocess.Popen(
             list(self.command),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            cwd=os.getcwd(),
+            cwd=cwd or os.getcwd(),
+            env=env,
             start_new_session=False,
         )
         message = self._message(timeout)
@@ -346,14 +355,18 @@ class ForkServer:
         )  # fmt: skip
 
     def spawn(self, argv: list[str], log: Path, cwd: Path | None = None,
-              env: dict[str, str] | None = None) -> ForkedProcess:  # fmt: skip
+              env: dict[str, str] | None = None, *, stdin: Path | None = None,
+              stderr: Path | None = None) -> ForkedProcess:  # fmt: skip
         """Fork a crawl running ``argv`` (``python -m MODULE ...``) with its stdout and
-        stderr appended to ``log``."""
+        stderr appended to ``log`` (stderr to ``stderr`` if given), reading ``stdin``
+        (default ``/dev/null``)."""
         request = {
             "argv": [str(a) for a in argv],
             "cwd": str(cwd or os.getcwd()),
             "env": dict(os.environ if env is None else env),
             "log": str(log),
+            "stdin": str(stdin or ""),
+            "stderr": str(stderr or ""),
         }
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())

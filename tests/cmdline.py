@@ -1,28 +1,19 @@
-"""Run project commands in a subprocess, as a user would (with a timeout)."""
+"""Run project commands in a process of their own, as a user would (with a timeout)."""
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 from tests.conftest import ROOT, crawl_env
+from tests.launcher import run_scrapy_argv
 
 
 def run_scrapy(*args: str, timeout: float = 300, pythonpath: list[Path] = (), input=None, env=None):
     env = {**crawl_env(), **(env or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *map(str, pythonpath)])
-    return subprocess.run(
-        [sys.executable, "-m", "scrapy", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        input=input,
-    )
+    return run_scrapy_argv(args, cwd=ROOT, env=env, input=input, timeout=timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:

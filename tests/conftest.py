@@ -30,6 +30,7 @@ import pytest
 
 from crawler import settings as project
 from demo.site import DemoSite
+from tests import launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,8 +89,9 @@ def crawl_command(urls: str | Path, data_dir: Path, *args: str, spider: str = "s
 
 
 def run_crawl(urls, data_dir, *args, timeout=180, stdin=None, spider="site", env=None, **kwargs):
-    """Run a crawl in a subprocess from the project root; returns the CompletedProcess."""
-    return subprocess.run(
+    """Run a crawl in a process of its own from the project root; returns the
+    CompletedProcess."""
+    return launcher.run(
         crawl_command(urls, data_dir, *args, spider=spider),
         cwd=ROOT,
         capture_output=True,

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from crawler.hub import Hub, ProxyPool, redact_url
+from tests import launcher
 from tests.servers import need
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,7 +78,7 @@ def scrapy_with_hub(
     env["PYTHONPATH"] = str(ROOT)
     if hub:
         env["HUB_URL"] = hub
-    return subprocess.run(
+    return launcher.run(
         [sys.executable, "-m", "scrapy", *args],
         cwd=ROOT,
         env=env,

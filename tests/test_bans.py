@@ -10,7 +10,6 @@ proxy first, so the first request is banned there and must come through the good
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import threading
 from collections import Counter
@@ -19,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from tests import launcher
 from tests.checks import actions, rows_by_url
 from tests.conftest import ROOT, crawl_command, crawl_env
 from tests.proxy_servers import TinyProxy
@@ -87,7 +87,7 @@ def banning(tmp_path):
 def proxies_command(hub_url: str, *args: str) -> str:
     env = {k: v for k, v in crawl_env().items() if k != "HUB_URL"}
     env["HUB_URL"] = hub_url
-    done = subprocess.run([sys.executable, "-m", "scrapy", "proxies", *args], cwd=ROOT, env=env,
+    done = launcher.run([sys.executable, "-m", "scrapy", "proxies", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -121,7 +121,7 @@ def crawl_through(tmp_path, origin, proxy_urls: list[str], **settings):
     }
     args = [arg for key, value in settings.items() for arg in ("-s", f"{key}={value}")]
     env = {k: v for k, v in crawl_env().items() if k != "HUB_URL"}
-    done = subprocess.run(crawl_command(urls, data_dir, *args), cwd=ROOT, env=env,
+    done = launcher.run(crawl_command(urls, data_dir, *args), cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr, data_dir, states(proxies_command(hub_url, "list"))

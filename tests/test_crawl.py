@@ -16,6 +16,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler.storage.keys import request_key
+from tests import launcher
 from tests.checks import actions, assert_rows_readable, catalog_rows, rows_by_url
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.crawls import crawl_site, crawled
@@ -287,7 +288,7 @@ def test_a_users_own_spider_gets_the_same_storage(site, tmp_path, data_dir):
         "    def parse(self, response):\n"
         "        yield {'url': response.url}\n"
     )
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "scrapy", "runspider", str(spider), "-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,
         capture_output=True,

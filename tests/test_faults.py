@@ -15,6 +15,7 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.storage.datadir import DataDir
+from tests import launcher
 from tests.checks import actions, assert_rows_readable, response_records, rows_by_url
 from tests.conftest import (
     ROOT,
@@ -169,7 +170,7 @@ def test_the_catalog_file_alone_holds_every_committed_row(site, tmp_path, data_d
     # A command that writes a catalog.
     rebuilt = tmp_path / "rebuilt" / "metadata.db"
     rebuilt.parent.mkdir()
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "scrapy", "catalog", "rebuild", "-o", str(rebuilt)]
         + ["-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
-import subprocess
 import time
 from collections import Counter, defaultdict
 from datetime import datetime
@@ -17,6 +16,7 @@ from datetime import datetime
 import pytest
 
 from crawler.hub import Hub, ProxyPool
+from tests import launcher
 from tests.checks import response_records
 from tests.conftest import ROOT, crawl_command, crawl_env, start_crawl, write_urls
 from tests.pg_cluster import PgCluster
@@ -150,7 +150,7 @@ def test_unreachable_hub_at_start_is_exit_2_before_anything_is_fetched(site, tmp
     url = f"{site.base_url}/page/1.html"
     site.reset_counts()
     env = {**crawl_env(), "HUB_URL": f"postgresql://bob:hunter2@127.0.0.1:{port}/crawl"}
-    done = subprocess.run(
+    done = launcher.run(
         crawl_command(write_urls(tmp_path / "urls.txt", [url]), data_dir, "-s",
                       "HUB_CONNECT_TIMEOUT=3"),
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=180,

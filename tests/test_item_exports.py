@@ -6,18 +6,18 @@ from __future__ import annotations
 import csv
 import json
 import math
-import subprocess
 import sys
 
 import pyarrow.parquet as pq
 
+from tests import launcher
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.item_spiders import MIXED
 from tests.test_item_names import MODULES, item_errors, query
 
 
 def export(data_dir, fmt, output):
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "scrapy", "catalog", "export", "--table", "shapes"]
         + ["--format", fmt, "-o", str(output), "-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
 import sys
 
 import pytest
 
+from tests import launcher
 from tests.checks import actions, catalog_rows
 from tests.conftest import ROOT, crawl_env, run_crawl, write_urls
 from tests.item_spiders import RESERVED_ITEMS
@@ -37,7 +37,7 @@ def item_errors(data_dir) -> list[dict]:
 
 
 def reparse(data_dir, spider, *args):
-    return subprocess.run(
+    return launcher.run(
         [sys.executable, "-m", "scrapy", "reparse", spider, "-s", f"DATA_DIR={data_dir}"]
         + [*MODULES, "--workers", "1", *args],
         cwd=ROOT,

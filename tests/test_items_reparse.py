@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-import subprocess
 import sys
 
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.tools.item_export import export_table
+from tests import launcher
 from tests.conftest import ROOT, crawl_env, write_urls
 from tests.crawls import crawl, crawl_site
 from tests.item_spiders import ItemsSpider
@@ -19,7 +19,7 @@ MODULES = ("-s", "SPIDER_MODULES=spiders,tests.item_spiders")
 
 
 def reparse(data_dir, *args):
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "scrapy", "reparse", "items", "-s", f"DATA_DIR={data_dir}"]
         + [*MODULES, "--workers", "2", *args],
         cwd=ROOT,
@@ -78,7 +78,7 @@ async def test_reparse_twice_gives_the_same_tables_and_a_fix_replaces_items(
 
 
 def catalog(data_dir, *args):
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "scrapy", "catalog", *args, "-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,
         capture_output=True,
@@ -163,7 +163,7 @@ async def test_damaged_records_are_named_and_their_pages_keep_their_items(site, 
         f.truncate(cut_at + length // 2)
         f.seek(bad_at + bad_length // 2)
         f.write(b"\xff" * 64)
-    result = subprocess.run(
+    result = launcher.run(
         [sys.executable, "-m", "scrapy", "reparse", "items", "-s", f"DATA_DIR={data_dir}"]
         + [*MODULES, "--workers", "1", "-a", "variant=v2"],
         cwd=ROOT,

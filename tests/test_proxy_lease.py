@@ -39,6 +39,7 @@ from crawler.hub import (
     redact_url,
 )
 from middlewares.proxy_lease import ProxyLeaseConfig, ProxyLeaseConfigError, ProxyLeaseMiddleware
+from tests import launcher
 from tests.hubs import hub_url, open_proxies  # noqa: F401 - hub_url: a fixture
 from tests.proxy_servers import PROXY_PASSWORD, PROXY_USER, origin, proxy_pool  # noqa: F401
 from tests.servers import free_port, need_module
@@ -414,7 +415,7 @@ def run_site_crawl(tmp_path: Path, urls: Path, settings: dict[str, object]):
     args += ["-s", f"DATA_DIR={data_dir}"]
     for key, value in settings.items():
         args += ["-s", f"{key}={value}"]
-    done = subprocess.run(
+    done = launcher.run(
         args, cwd=ROOT, env=crawl_env(), capture_output=True, text=True, timeout=600
     )
     lines = [json.loads(line) for line in (data_dir / "fetch_log.jsonl").read_text().splitlines()]

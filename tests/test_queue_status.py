@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests import launcher
 from tests.conftest import ROOT, crawl_env, kill_group, write_urls
 from tests.events import wait_until
 from tests.servers import free_port
@@ -36,7 +37,7 @@ def queue_env(hub_url: str) -> dict:
 
 
 def queue_command(hub_url: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "scrapy", "queue", *args], cwd=ROOT,
+    done = launcher.run([sys.executable, "-m", "scrapy", "queue", *args], cwd=ROOT,
                           env=queue_env(hub_url), capture_output=True, text=True, timeout=120)  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout

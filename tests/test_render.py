@@ -39,6 +39,7 @@ from crawler.storage.datadir import DataDir
 from crawler.storage.formats.warc import FORMAT as WARC
 from crawler.storage.formats.warc import WarcWriter
 from middlewares.render import RenderMiddleware, browser_proxy
+from tests import launcher
 from tests.checks import actions, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
 from tests.conftest import ROOT, crawl_env, kill_group, start_crawl, write_urls
@@ -228,7 +229,7 @@ def _run(urls, data_dir, *args, env=None, timeout=240, **kwargs):
     full_env = {**crawl_env(), **(env or {})}
     from tests.conftest import crawl_command
 
-    return subprocess.run(
+    return launcher.run(
         crawl_command(urls, data_dir, *args),
         cwd=ROOT,
         capture_output=True,

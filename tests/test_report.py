@@ -22,6 +22,7 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from crawler.hub import Hub, ProxyPool, WorkQueue, redact_url
 from crawler.render import BrowserNotFoundError, find_browser
 from spiders.products import ProductsSpider
+from tests import launcher
 from tests.conftest import ROOT, crawl_env, write_urls
 from tests.crawls import crawl, crawl_site, crawled
 from tests.polling import wait_until
@@ -388,7 +389,7 @@ def test_work_queues_show_how_much_is_left(tmp_path, site, one_page):
         urls = write_urls(
             tmp_path / f"{name}.txt", [f"{site.base_url}/page/{i}.html" for i in range(n)]
         )
-        loaded = subprocess.run([sys.executable, "-m", "scrapy", "queue", "load", name, str(urls)],
+        loaded = launcher.run([sys.executable, "-m", "scrapy", "queue", "load", name, str(urls)],
                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
         assert loaded.returncode == 0, loaded.stderr[-3000:]
     with Hub.open(hub_url) as hub:

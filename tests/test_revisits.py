@@ -35,6 +35,7 @@ from crawler.tools.verify import Verify
 from demo.site import DemoSite
 from slurm.ship import Shipper, merge_shipped
 from spiders.products import ProductsSpider
+from tests import launcher
 from tests.checks import actions, catalog_rows
 from tests.conftest import ROOT, crawl_env, kill_group, run_crawl, start_crawl, write_urls
 from tests.crawls import crawl, crawl_site
@@ -214,7 +215,7 @@ async def test_reparse_gives_the_items_of_both_crawls_for_unchanged_pages(shop, 
     again = products(data_dir)
     outcomes = second_run_outcomes(data_dir, since)
     assert list(outcomes.values()).count("unchanged") == PAGES - len(changed)
-    reparse = subprocess.run(
+    reparse = launcher.run(
         [sys.executable, "-m", "scrapy", "reparse", "products", "-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,
         capture_output=True,
@@ -286,7 +287,7 @@ async def test_dedup_digest_refers_to_the_same_payload_under_another_url(shop, d
         indexes = {r[1] for r in conn.execute("PRAGMA index_list(artifacts)")}
     assert "artifacts_digest" in indexes
     # Re-parsed, each row is a page of its own URL.
-    reparse = subprocess.run(
+    reparse = launcher.run(
         [sys.executable, "-m", "scrapy", "reparse", "site", "-s", f"DATA_DIR={data_dir}"],
         cwd=ROOT,
         capture_output=True,
