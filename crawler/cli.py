@@ -156,7 +156,7 @@ def exit_now(code: int) -> NoReturn:
     """End the process with status ``code`` once a command's work is done and every
     file it wrote is closed: log handlers and the standard streams are flushed, and
     the interpreter's teardown, which frees every object and module one by one (as
-    many instructions as parsing five stored pages, docs/benchmarks.md), is skipped.
+    many instructions as parsing six stored pages, docs/benchmarks.md), is skipped.
 
     Not for a command that leaves threads or processes of its own running, nor under
     Scrapy's ``--profile``, whose statistics are written after the command returns.
