@@ -5,12 +5,15 @@ the commands that run no crawl."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
 import re
+import signal
 import sys
 import textwrap
+import threading
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -152,17 +155,24 @@ def no_crawler_logging(settings, level: str = "WARNING") -> None:
     configure_logging(settings)
 
 
-def exit_now(code: int) -> NoReturn:
-    """End the process with status ``code`` once a command's work is done and every
-    file it wrote is closed: log handlers and the standard streams are flushed, and
-    the interpreter's teardown, which frees every object and module one by one (as
-    many instructions as parsing six stored pages, docs/benchmarks.md), is skipped.
+def exit_now(code: int, sig: int | None = None) -> NoReturn:
+    """End the process as the interpreter ends one, with status ``code`` (or killed by
+    ``sig``): its non-daemon threads joined, ``atexit`` run (log handlers flushed among
+    them), stdout and stderr flushed; but without the teardown that frees every object
+    and module one by one, which nothing a command leaves depends on (as many
+    instructions as parsing six stored pages; a second after a crawl on a loaded node:
+    docs/benchmarks.md). ``multiprocessing``'s children end without it too.
 
-    Not for a command that leaves threads or processes of its own running, nor under
-    Scrapy's ``--profile``, whose statistics are written after the command returns.
+    Not under Scrapy's ``--profile``, whose statistics are written after the command
+    returns.
     """
+    threading._shutdown()
+    atexit._run_exitfuncs()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError):  # a closed pipe, a closed file
+        with contextlib.suppress(Exception):  # a closed pipe, a closed file
             stream.flush()
+    if sig is not None:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
     os._exit(code)

@@ -33,7 +33,6 @@ once, ``{"pid": N}`` per request, ``{"exited": N, "status": S}`` when a child en
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import importlib
 import json
@@ -238,20 +237,11 @@ def exit_code(code: object) -> int:
 
 
 def finish(code: int, sig: int | None = None) -> NoReturn:
-    """End a child as the interpreter ends a process (its threads joined, ``atexit``
-    run, stdout and stderr flushed), less tearing down its modules and collecting its
-    garbage, which nothing a crawl leaves depends on and which took a second after a
-    crawl on a loaded node (docs/benchmarks.md). ``multiprocessing``'s children end
-    without it too."""
-    threading._shutdown()  # the non-daemon threads, as at the interpreter's exit
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    if sig is not None:
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)
-    os._exit(code)
+    """End a child as the interpreter ends a process, less its teardown
+    (:func:`crawler.cli.exit_now`)."""
+    from crawler.cli import exit_now
+
+    exit_now(code, sig)
 
 
 def main() -> None:
