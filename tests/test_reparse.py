@@ -327,19 +327,41 @@ def test_corrupt_and_truncated_records_are_reported_and_skipped(crawled, tmp_pat
     assert out.exists()  # the records that could be read are all there
 
 
-def test_reparse_ends_with_its_status_and_writes_a_profile_asked_for(crawled, tmp_path):
-    # The command ends its process itself once its work is done (no interpreter
-    # teardown), except under --profile: Scrapy writes the statistics after it returns.
+ENDING_SPIDER = """
+import atexit
+import os
+from pathlib import Path
+
+from spiders.site import SiteSpider
+
+atexit.register(Path(os.environ["ATEXIT_MARK"]).write_text, "ran")
+
+
+class EndingSpider(SiteSpider):
+    name = "ending"
+"""
+
+
+def test_reparse_ends_as_a_process_does_less_its_teardown(crawled, tmp_path):
+    # The command ends its process itself once its work is done: its exit status, its
+    # last line and the atexit functions as at any exit; under --profile it returns,
+    # since Scrapy writes the statistics after it.
     data_dir, _ = crawled
-    out, profile = tmp_path / "pages.jsonl", tmp_path / "reparse.prof"
-    args = ("reparse", "site", "-s", f"DATA_DIR={data_dir}", "-o", str(out), "--limit", "3")
-    result = run_scrapy(*args, "--profile", str(profile))
+    (tmp_path / "mods" / "endspiders").mkdir(parents=True)
+    (tmp_path / "mods" / "endspiders" / "__init__.py").write_text("")
+    (tmp_path / "mods" / "endspiders" / "ending.py").write_text(ENDING_SPIDER)
+    out, profile, mark = tmp_path / "pages.jsonl", tmp_path / "r.prof", tmp_path / "atexit"
+    args = ("reparse", "ending", "-s", f"DATA_DIR={data_dir}", "-o", str(out), "--limit", "3")
+    args += ("-s", "SPIDER_MODULES=endspiders")
+    kwargs = {"pythonpath": [tmp_path / "mods"], "env": {"ATEXIT_MARK": str(mark)}}
+    result = run_scrapy(*args, **kwargs)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.rstrip().endswith(f"output: {out}")
+    assert len(read_jsonl(out)) == 3
+    assert mark.read_text() == "ran"
+    result = run_scrapy(*args, "--profile", str(profile), **kwargs)
     assert result.returncode == 0, result.stderr
     assert profile.stat().st_size > 0
-    assert len(read_jsonl(out)) == 3
-    result = run_scrapy(*args, "--where", "status = 404")
-    assert result.returncode == 0, result.stderr
-    assert result.stderr.rstrip().endswith(f"output: {out}")  # the last line, flushed
 
 
 def test_progress_line():
