@@ -184,6 +184,8 @@ def serve() -> dict | None:
 
 def become(request: dict) -> None:
     """In a child just forked: become the crawl's process, and run it."""
+    if request.get("session"):
+        os.setsid()  # a process group of its own, as Popen(start_new_session=True)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
@@ -307,6 +309,12 @@ class ForkedProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, sig)
 
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
 
 class ForkServer:
     """The task's fork server: :meth:`start` it, then :meth:`spawn` each crawl."""
@@ -346,10 +354,11 @@ class ForkServer:
 
     def spawn(self, argv: list[str], log: Path, cwd: Path | None = None,
               env: dict[str, str] | None = None, *, stdin: Path | None = None,
-              stderr: Path | None = None) -> ForkedProcess:  # fmt: skip
+              stderr: Path | None = None, session: bool = False) -> ForkedProcess:  # fmt: skip
         """Fork a crawl running ``argv`` (``python -m MODULE ...``) with its stdout and
         stderr appended to ``log`` (stderr to ``stderr`` if given), reading ``stdin``
-        (default ``/dev/null``)."""
+        (default ``/dev/null``); ``session``: in a session (and process group) of its
+        own."""
         request = {
             "argv": [str(a) for a in argv],
             "cwd": str(cwd or os.getcwd()),
@@ -357,6 +366,7 @@ class ForkServer:
             "log": str(log),
             "stdin": str(stdin or ""),
             "stderr": str(stderr or ""),
+            "session": session,
         }
         try:
             self.proc.stdin.write((json.dumps(request) + "\n").encode())

@@ -110,17 +110,15 @@ def crawl_env() -> dict:
     return env
 
 
-def start_crawl(urls, data_dir, *args, log_path: Path) -> subprocess.Popen:
+def start_crawl(urls, data_dir, *args, log_path: Path):
     """Start a crawl in its own process group (so a test can kill all of it)."""
-    with open(log_path, "w") as log:
-        return subprocess.Popen(
-            crawl_command(urls, data_dir, *args),
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=crawl_env(),
-            start_new_session=True,
-        )
+    return launcher.start(
+        crawl_command(urls, data_dir, *args),
+        log=log_path,
+        cwd=ROOT,
+        env=crawl_env(),
+        new_session=True,
+    )
 
 
 def kill_group(proc: subprocess.Popen, sig=signal.SIGKILL) -> None:

@@ -104,3 +104,33 @@ def run_scrapy_argv(
             ) from None
         out, err = (p.read_text(encoding="utf-8", errors="replace") for p in (stdout, stderr))
     return subprocess.CompletedProcess(command, code, out, err)
+
+
+def start(
+    command: Sequence[str],
+    *,
+    log: Path,
+    cwd: str | os.PathLike,
+    env: dict[str, str],
+    new_session: bool = False,
+):
+    """``subprocess.Popen(command, stdout=log, stderr=STDOUT, ...)`` with ``log``
+    truncated first: a ``python -m scrapy`` command is forked from the fork server (a
+    :class:`slurm.forkserver.ForkedProcess`: ``pid``, ``poll``, ``wait``,
+    ``send_signal``, ``terminate``, ``kill``, ``returncode``), any other started as it is."""
+    command = list(command)
+    server = None
+    if command[:3] == [sys.executable, "-m", "scrapy"] and not fresh_interpreters():
+        server = fork_server()
+    if server is None:
+        with open(log, "w") as out:
+            return subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=new_session,
+            )
+    Path(log).write_bytes(b"")
+    return server.spawn(command, Path(log), Path(cwd), dict(env), session=new_session)
