@@ -172,20 +172,28 @@ def serve() -> dict | None:
         *lines, buffer = buffer.split(b"\n")
         for line in lines:
             request = json.loads(line)
+            # A child in a session of its own says so before its pid is answered, as
+            # Popen(start_new_session=True) returns once the child called setsid.
+            ready_r, ready_w = os.pipe()
             pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 os.close(wake_r)
                 os.close(wake_w)
+                os.close(ready_r)
+                if request.get("session"):
+                    os.setsid()
+                os.close(ready_w)
                 return request
+            os.close(ready_w)
+            os.read(ready_r, 1)  # b"": the child closed its end
+            os.close(ready_r)
             children.add(pid)
             send({"pid": pid})
 
 
 def become(request: dict) -> None:
     """In a child just forked: become the crawl's process, and run it."""
-    if request.get("session"):
-        os.setsid()  # a process group of its own, as Popen(start_new_session=True)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)

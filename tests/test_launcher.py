@@ -4,6 +4,7 @@ interpreter: exit status, output, input, environment, extra import paths, timeou
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -80,3 +81,22 @@ def test_a_command_past_its_timeout_is_killed(tmp_path):
             timeout=5,
         )
     assert time.monotonic() - started < 60
+
+
+def test_a_crawl_started_in_a_session_of_its_own_dies_with_its_group(tmp_path):
+    os.mkfifo(tmp_path / "never")
+    proc = launcher.start(
+        [sys.executable, "-m", "scrapy", "crawl", "site", "-a", f"urls={tmp_path / 'never'}"],
+        log=tmp_path / "crawl.log",
+        cwd=ROOT,
+        env=crawl_env(),
+        new_session=True,
+    )
+    try:
+        assert os.getpgid(proc.pid) == proc.pid  # a group leader, as start_new_session
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
