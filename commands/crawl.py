@@ -15,7 +15,7 @@ from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.exceptions import UsageError
 
 import crawler.settings as project_settings
-from crawler.cli import check_setting_types, exit_now, tidy_parser
+from crawler.cli import EndsWithoutTeardown, check_setting_types, tidy_parser
 from crawler.quietlog import quiet_crawl_log
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,10 @@ def exit_status(finish_reason: str | None, storage_error: str | None = None) -> 
     return EXIT_INTERRUPTED
 
 
-class Command(ScrapyCrawlCommand):
+class Command(EndsWithoutTeardown, ScrapyCrawlCommand):
+    # The crawl has closed its storage (metadata.db complete on its own) when work()
+    # returns: what is left of the process is the interpreter's teardown.
+
     def short_desc(self) -> str:
         return "Run a spider of the project; exit 0 done, 75 stopped early"
 
@@ -72,14 +75,7 @@ Exit status:
         quiet_crawl_log(self.settings.getbool("LOG_QUIET"))
         check_setting_types(self.settings, [project_settings])
 
-    def run(self, args, opts) -> None:
-        self._run(args, opts)
-        # The crawl has closed its storage (metadata.db complete on its own): what is
-        # left of the process is the interpreter's teardown.
-        if not opts.profile:
-            exit_now(self.exitcode)
-
-    def _run(self, args, opts) -> None:
+    def work(self, args, opts) -> None:
         if len(args) != 1:
             raise UsageError("give exactly one spider name", print_help=False)
         names = self.crawler_process.spider_loader.list()

@@ -15,13 +15,16 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
-from crawler.cli import exit_now, no_crawler_logging, tidy_parser
+from crawler.cli import EndsWithoutTeardown, no_crawler_logging, tidy_parser
 
 if TYPE_CHECKING:
     from crawler.reparse.plan import ReparseConfig
 
 
-class Command(ScrapyCommand):
+class Command(EndsWithoutTeardown, ScrapyCommand):
+    # The items are committed (or the output file closed) and the worker pool has
+    # ended when work() returns: what is left is the interpreter's teardown.
+
     requires_project = True
     requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_LEVEL": "WARNING"}
@@ -102,14 +105,7 @@ class Command(ScrapyCommand):
         except ValueError:
             raise UsageError("invalid -a value, use -a NAME=VALUE", print_help=False) from None
 
-    def run(self, args, opts) -> None:
-        self._run(args, opts)
-        # The items are committed (or the output file closed) and the worker pool has
-        # ended: what is left of the process is the interpreter's teardown.
-        if not opts.profile:
-            exit_now(self.exitcode)
-
-    def _run(self, args, opts) -> None:
+    def work(self, args, opts) -> None:
         # Imported here, not at the top: Scrapy imports every command module to run
         # any one of them, and a crawl has no use for the re-parse machinery.
         from crawler.reparse.feeds import FeedFormatError, check_output

@@ -155,6 +155,20 @@ def no_crawler_logging(settings, level: str = "WARNING") -> None:
     configure_logging(settings)
 
 
+class EndsWithoutTeardown:
+    """A command whose :meth:`work` leaves nothing to the interpreter's teardown (its
+    files committed and closed, its pools ended): the process ends once it returns
+    (:func:`exit_now`), except under ``--profile``."""
+
+    def run(self, args, opts) -> None:
+        self.work(args, opts)
+        if not opts.profile:
+            exit_now(self.exitcode)
+
+    def work(self, args, opts) -> None:
+        raise NotImplementedError
+
+
 def exit_now(code: int, sig: int | None = None) -> NoReturn:
     """End the process as the interpreter ends one, with status ``code`` (or killed by
     ``sig``): its non-daemon threads joined, ``atexit`` run (log handlers flushed among
