@@ -7,11 +7,19 @@ skips the ``process_response`` of every middleware outside them, the archive's
 included: the URL would leave no line in the action log. Every download passes
 through :meth:`Downloader.fetch`, so it is the one place that sees every way a
 request can end.
+
+It also lets a middleware *park* requests (the host budgets' gates, waiting for a host
+slot from the hub): a parked request holds no connection nor body, so it does not count
+against ``CONCURRENT_REQUESTS``, and at most twice that many are parked (requests of
+hosts other processes hold do not stop the crawl unless there are that many). Requests
+keep being fetched while others wait for their host; the parking middleware lets no
+more than ``CONCURRENT_REQUESTS`` through at once.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from scrapy import Request
 from scrapy.core.downloader import Downloader
@@ -39,10 +47,27 @@ def reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+class Parking(Protocol):
+    """What parks requests in the downloader: how many it holds."""
+
+    parked: int
+
+
 class AccountingDownloader(Downloader):
     """Scrapy's downloader, which records an ``error`` line for a request that fails
     without one, logs it as one line and hands the spider an :class:`GaveUp` (Scrapy
-    would log a traceback at ERROR for anything but an IgnoreRequest)."""
+    would log a traceback at ERROR for anything but an IgnoreRequest); requests parked
+    (see the module's docstring) do not count against ``CONCURRENT_REQUESTS``."""
+
+    def __init__(self, crawler) -> None:
+        super().__init__(crawler)
+        self.parking: Parking | None = None
+
+    def needs_backout(self) -> bool:
+        parked = self.parking.parked if self.parking is not None else 0
+        if not parked:
+            return super().needs_backout()
+        return 0 < self.total_concurrency <= max(len(self.active) - parked, parked // 2)
 
     @inlineCallbacks
     def fetch(self, request: Request, spider=None):

@@ -191,6 +191,10 @@ class HostBudgetMiddleware:
         self.robots_ttl = crawler.settings.getfloat("HOST_ROBOTS_TTL")
         self._thread = _HubThread()
         self._crawl_delays: dict[str, float] = {}
+        # Requests that could not go at once, and how long they waited at the gate (for a
+        # slot, or for room among CONCURRENT_REQUESTS once it had one).
+        self._waited = 0
+        self._wait_seconds = 0.0
         self.gates = HostGates(
             store,
             self.holder,
@@ -223,9 +227,20 @@ class HostBudgetMiddleware:
             self.config.concurrency,
             " and proxy" if self.config.per_proxy else "",
         )
+        # Requests waiting here do not hold one of CONCURRENT_REQUESTS (the project's
+        # downloader; another keeps them counted as Scrapy's does), and the gates let
+        # no more than that through at once.
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if hasattr(downloader, "parking"):
+            downloader.parking = self.gates
+            self.gates.max_in_flight = downloader.total_concurrency
         self.gates.start()
 
     async def spider_closed(self) -> None:
+        stats = self.crawler.stats
+        stats.set_value("host/hub_calls", self.gates.hub_calls)
+        stats.set_value("host/gate_waits", self._waited)
+        stats.set_value("host/gate_wait_seconds", round(self._wait_seconds, 3))
         closed: Deferred[None] = Deferred()
         self.gates.close(lambda: closed.callback(None))
         try:
@@ -271,6 +286,7 @@ class HostBudgetMiddleware:
             (self._crawl_delays.get(host, 0.0), "Crawl-delay"),
         )
         granted: Deferred[Any] = Deferred()
+        asked = time.monotonic()
         self.gates.wait(
             key,
             request.url,
@@ -279,7 +295,11 @@ class HostBudgetMiddleware:
             granted.callback,
             f"{why} {interval:g} s",
         )
+        waited = not granted.called
         slot = await maybe_deferred_to_future(granted)
+        if waited:
+            self._waited += 1
+            self._wait_seconds += time.monotonic() - asked
         if slot is None or self.gates.closed:
             raise IgnoreRequest("the spider is closing: no host slots any more")
         request.meta[META_SLOT] = (key, slot)

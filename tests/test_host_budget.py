@@ -6,13 +6,14 @@ data directory and its own connection to the hub, as two processes would."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest_twisted
 from twisted.internet.defer import DeferredList
 
 from crawler.storage.actionlog import read as read_log
 from tests.crawls import crawl_site
-from tests.hostservers import HostServers, Reply, max_in_window
+from tests.hostservers import HostServers, Reply, max_concurrency, max_in_window
 
 # The server logs when a request arrives, not when the crawl let it go: connection
 # set-up and a loaded machine move each arrival by up to tenths of a second.
@@ -199,3 +200,55 @@ async def test_back_offs_do_not_spend_retries_and_lose_no_url(tmp_path):
     # Each attempt has its number, back-offs included.
     first = sorted(e["attempt"] for e in retries if e["url"] == urls[0])
     assert first == list(range(1, backoffs + 1))
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_waiting_for_a_host_leave_room_for_other_hosts(tmp_path):
+    """Requests waiting for a host that another process holds do not take up the crawl's
+    CONCURRENT_REQUESTS: the other host's pages are fetched meanwhile, and never more
+    than CONCURRENT_REQUESTS at once, before or after the held host is given back."""
+    from crawler.hub import Hub
+    from crawler.hub.hostbudget import HostAsk, HostBudgetStore
+
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    held_for = 6.0
+    with HostServers(["held.test", "free.test"], latency=0.2) as hosts:
+        urls = hosts.urls("held.test", 2) + hosts.urls("free.test", 72)
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "HUB_URL": hub_url,
+            "CONCURRENT_REQUESTS": 2,
+            "CONCURRENT_REQUESTS_PER_DOMAIN": 2,
+            "ROBOTSTXT_OBEY": False,
+        }
+        with Hub.open(hub_url) as hub:
+            (taken,) = HostBudgetStore.open(hub).take(
+                [HostAsk("held.test", 0, 2, slots=2)], "another process", held_for
+            )
+        assert len(taken.slots) == 2
+        given_back = time.monotonic() + held_for
+        with hosts.resolving():
+            await crawl_together(urls, tmp_path, settings, crawls=1)
+        free, held = hosts["free.test"].log(), hosts["held.test"].log()
+    assert len(held) == 2 and min(r.start for r in held) >= given_back - SLACK
+    # Before the held host came back, the other's pages went, two at a time.
+    assert min(r.start for r in free) < given_back - 2.0, [r.start - given_back for r in free]
+    # ...and went on after it: the held host's requests waited for room.
+    assert max(r.start for r in free) > given_back + 0.5
+    spans = [(r.start, r.end) for r in free + held]
+    assert max_concurrency(spans) == 2
+    assert stored(tmp_path / "data0") == set(urls)
+
+
+@pytest_twisted.ensureDeferred
+async def test_requests_waiting_for_robots_txt_leave_it_room(tmp_path):
+    """More requests of a host than CONCURRENT_REQUESTS wait for its robots.txt before the
+    gates: the robots.txt request still gets through them, and every page is stored."""
+    with HostServers(["robots.test"], latency=0.02, robots="User-agent: *\n") as hosts:
+        urls = hosts.urls("robots.test", 8)
+        settings = {**hosts.settings(), **QUIET, "CONCURRENT_REQUESTS": 2}
+        with hosts.resolving():
+            await crawl_together(urls, tmp_path, settings, crawls=1)
+        assert hosts["robots.test"].hits("/robots.txt") == 1
+    assert stored(tmp_path / "data0") == set(urls)

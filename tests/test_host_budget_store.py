@@ -144,3 +144,62 @@ def test_concurrent_takers_never_share_a_schedule(store, hub_url):  # noqa: F811
     assert len(times) == 8 * 5
     gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert min(gaps) >= 0.25 - 1e-6
+
+
+def test_an_exchange_answers_as_a_release_then_a_take(store):
+    """One call that gives slots back and asks for more: the slot given back is free for
+    the ask in the same call (its host's schedule resumes an interval after the request
+    that went), a busy host says when to ask again, a new host is made."""
+    (a,) = store.take([HostAsk("x.test", 1.0, 1, count=3)], A, ttl=30)
+    (busy,) = store.exchange([], [HostAsk("x.test", 1.0, 1)], B, 30)
+    x, y = store.exchange(
+        [(a.slots[0].slot_id, 0.0)], [HostAsk("x.test", 1.0, 1), HostAsk("y.test", 0, 2)], B, 30
+    )
+    assert (busy.slots, _r(busy.retry_in)) == ((), 30.0)
+    assert [_r(s.start) for s in x.slots] == [1.0]
+    assert (len(y.slots), y.slots[0].count) == (1, 1)
+    # Releases alone still go; what was released is free to the next taker.
+    assert store.exchange([(x.slots[0].slot_id, None), (y.slots[0].slot_id, None)], [], B, 30) == []
+    (again,) = store.take([HostAsk("x.test", 1.0, 1)], A, ttl=30)
+    assert len(again.slots) == 1
+    assert {s.key: s.live_slots for s in store.hosts()} == {"x.test": 1, "y.test": 0}
+
+
+def test_crossing_exchanges_never_deadlock(store, hub_url):  # noqa: F811
+    """Two holders, each giving back a slot of the host the other asks for, over and over:
+    every host row an exchange touches is locked in one order, so neither waits for the
+    other in a cycle (PostgreSQL would end one with a deadlock error)."""
+    errors: list[Exception] = []
+    keys = [f"k{n}.test" for n in range(2)]
+    start = threading.Barrier(2)
+
+    def holder(n: int) -> None:
+        with Hub.open(hub_url) as hub:
+            mine = HostBudgetStore.open(hub)
+            mine_key, theirs = keys[n], keys[1 - n]
+            (held,) = mine.take([HostAsk(mine_key, 0, 64)], f"x/{n}", 30)
+            slots = list(held.slots)
+            start.wait()
+            try:
+                for _ in range(150):
+                    # Give back this side's slots and ask for one of the other side's
+                    # host, then the reverse: the two locks are wanted in both orders.
+                    (got,) = mine.exchange(
+                        [(s.slot_id, None) for s in slots], [HostAsk(theirs, 0, 64)], f"x/{n}", 30
+                    )
+                    (back,) = mine.exchange(
+                        [(s.slot_id, None) for s in got.slots],
+                        [HostAsk(mine_key, 0, 64)],
+                        f"x/{n}",
+                        30,
+                    )
+                    slots = list(back.slots)
+            except Exception as exc:  # noqa: BLE001 - the failure is what is checked
+                errors.append(exc)
+
+    threads = [threading.Thread(target=holder, args=(n,)) for n in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from crawler.hub.db import Hub, Transaction
 from crawler.hub.locks import AdvisoryLock
 
-HOST_SCHEMA_VERSION = 1
+HOST_SCHEMA_VERSION = 2
 
 # On PostgreSQL a take and a release are one call of these functions each: one round
 # trip, where the same steps as statements took five per host (a take of 20 hosts from
@@ -145,6 +145,35 @@ BEGIN
 END
 $$"""
 
+# A release and a take in one call, the release first (a slot given back before its
+# holder asks again): one round trip where a holder had two, its asks no longer waiting
+# behind its releases. Every host row either touches is locked first, in key order,
+# as a take and a release each lock theirs: two exchanges never wait in a cycle.
+_PG_EXCHANGE = """(
+    p_ids BIGINT[], p_sent_ago DOUBLE PRECISION[], p_keys TEXT[],
+    p_intervals DOUBLE PRECISION[], p_concurrency INTEGER[], p_counts INTEGER[],
+    p_slots INTEGER[], p_holder TEXT, p_ttl DOUBLE PRECISION
+) RETURNS TABLE (o_key TEXT, o_slot BIGINT, o_start DOUBLE PRECISION,
+    o_interval DOUBLE PRECISION, o_count INTEGER, o_retry DOUBLE PRECISION,
+    o_backoff DOUBLE PRECISION, o_reason TEXT, o_now DOUBLE PRECISION)
+LANGUAGE plpgsql AS $$
+DECLARE
+    t DOUBLE PRECISION := EXTRACT(EPOCH FROM clock_timestamp())::float8;
+    k TEXT;
+BEGIN
+    FOR k IN SELECT DISTINCT x FROM unnest(COALESCE(p_keys, ARRAY[]::text[]) || ARRAY(
+        SELECT key FROM hub_host_slots WHERE id = ANY(p_ids))) AS x ORDER BY x LOOP
+        INSERT INTO hub_hosts (key, updated) VALUES (k, t) ON CONFLICT (key) DO NOTHING;
+        PERFORM 1 FROM hub_hosts WHERE key = k FOR UPDATE;
+    END LOOP;
+    IF COALESCE(cardinality(p_ids), 0) > 0 THEN
+        PERFORM hub_host_release(p_ids, p_sent_ago);
+    END IF;
+    RETURN QUERY SELECT * FROM hub_host_take(p_keys, p_intervals, p_concurrency, p_counts,
+        p_slots, p_holder, p_ttl);
+END
+$$"""
+
 _HOST_MIGRATIONS: dict[int, list] = {
     1: [
         """CREATE TABLE IF NOT EXISTS hub_hosts (
@@ -191,6 +220,7 @@ _HOST_MIGRATIONS: dict[int, list] = {
         ("postgresql", "CREATE OR REPLACE FUNCTION hub_host_take" + _PG_TAKE),
         ("postgresql", "CREATE OR REPLACE FUNCTION hub_host_release" + _PG_RELEASE),
     ],
+    2: [("postgresql", "CREATE OR REPLACE FUNCTION hub_host_exchange" + _PG_EXCHANGE)],
 }
 
 
@@ -283,11 +313,33 @@ class HostBudgetStore:
         """Give each ask the slots its host's budget has free, in one transaction."""
         if not asks:
             return []
-        answers: dict[str, HostAnswer] = {}
+        with self.hub.transaction() as tx:
+            return self._take_all(tx, asks, holder, ttl, _now(tx))
+
+    def exchange(
+        self,
+        releases: Iterable[tuple[int, float | None]],
+        asks: Sequence[HostAsk],
+        holder: str,
+        ttl: float,
+    ) -> list[HostAnswer]:
+        """:meth:`release` then :meth:`take`, in one transaction (one round trip): what
+        the two calls one after the other would answer."""
+        items = sorted(releases)
+        if not asks:
+            self.release(items)
+            return []
         with self.hub.transaction() as tx:
             now = _now(tx)
-            for ask in sorted(asks, key=lambda a: a.key):
-                answers[ask.key] = self._take_one(tx, ask, holder, ttl, now)
+            self._release_all(tx, items, now)
+            return self._take_all(tx, asks, holder, ttl, now)
+
+    def _take_all(
+        self, tx: Transaction, asks: Sequence[HostAsk], holder: str, ttl: float, now: float
+    ) -> list[HostAnswer]:
+        answers: dict[str, HostAnswer] = {}
+        for ask in sorted(asks, key=lambda a: a.key):
+            answers[ask.key] = self._take_one(tx, ask, holder, ttl, now)
         return [answers[ask.key] for ask in asks]
 
     def _take_one(
@@ -377,29 +429,33 @@ class HostBudgetStore:
         items = sorted(slots)
         if not items:
             return 0
-        released = 0
         with self.hub.transaction() as tx:
-            now = _now(tx)
-            for slot_id, sent_ago in items:
-                row = tx.execute(
-                    "DELETE FROM hub_host_slots WHERE id = ? "
-                    "RETURNING key, start_at, until_at, interval_s, expires",
-                    (slot_id,),
-                ).fetchone()
-                if row is None:
-                    continue
-                key, start, until, interval, expires = row
-                released += expires >= now
-                if interval <= 0:
-                    continue
-                _, next_at, _, _ = _locked_row(tx, key, now)
-                after = None if sent_ago is None else now - sent_ago + interval
-                if next_at == until:
-                    wanted = start if after is None else after
-                else:
-                    wanted = next_at if after is None else max(next_at, after)
-                if wanted != next_at:
-                    tx.execute("UPDATE hub_hosts SET next_at = ? WHERE key = ?", (wanted, key))
+            return self._release_all(tx, items, _now(tx))
+
+    def _release_all(
+        self, tx: Transaction, items: Sequence[tuple[int, float | None]], now: float
+    ) -> int:
+        released = 0
+        for slot_id, sent_ago in items:
+            row = tx.execute(
+                "DELETE FROM hub_host_slots WHERE id = ? "
+                "RETURNING key, start_at, until_at, interval_s, expires",
+                (slot_id,),
+            ).fetchone()
+            if row is None:
+                continue
+            key, start, until, interval, expires = row
+            released += expires >= now
+            if interval <= 0:
+                continue
+            _, next_at, _, _ = _locked_row(tx, key, now)
+            after = None if sent_ago is None else now - sent_ago + interval
+            if next_at == until:
+                wanted = start if after is None else after
+            else:
+                wanted = next_at if after is None else max(next_at, after)
+            if wanted != next_at:
+                tx.execute("UPDATE hub_hosts SET next_at = ? WHERE key = ?", (wanted, key))
         return released
 
     # --- the host's own signals ----------------------------------------------------------
@@ -492,7 +548,7 @@ class HostBudgetStore:
 
 
 class PostgresHostBudgetStore(HostBudgetStore):
-    """Takes, renewals and releases in one round trip each (see ``_PG_TAKE``)."""
+    """Takes, exchanges, renewals and releases in one round trip each (see ``_PG_TAKE``)."""
 
     def take(self, asks: Sequence[HostAsk], holder: str, ttl: float) -> list[HostAnswer]:
         if not asks:
@@ -501,30 +557,34 @@ class PostgresHostBudgetStore(HostBudgetStore):
         rows = self.hub.query(
             "SELECT * FROM hub_host_take(?::text[], ?::float8[], ?::int[], ?::int[], "
             "?::int[], ?, ?)",
+            (*_ask_arrays(ordered), holder, ttl),
+        )
+        return _answers(asks, rows, ttl)
+
+    def exchange(
+        self,
+        releases: Iterable[tuple[int, float | None]],
+        asks: Sequence[HostAsk],
+        holder: str,
+        ttl: float,
+    ) -> list[HostAnswer]:
+        items = sorted(releases)
+        if not asks:
+            self.release(items)
+            return []
+        ordered = sorted(asks, key=lambda a: a.key)
+        rows = self.hub.query(
+            "SELECT * FROM hub_host_exchange(?::bigint[], ?::float8[], ?::text[], "
+            "?::float8[], ?::int[], ?::int[], ?::int[], ?, ?)",
             (
-                [a.key for a in ordered],
-                [float(a.interval) for a in ordered],
-                [int(a.concurrency) for a in ordered],
-                [int(a.count) for a in ordered],
-                [int(a.slots) for a in ordered],
+                [i for i, _ in items],
+                [ago for _, ago in items],
+                *_ask_arrays(ordered),
                 holder,
                 ttl,
             ),
         )
-        slots: dict[str, list[HostSlot]] = {}
-        heads: dict[str, tuple] = {}
-        for key, slot_id, start, interval, count, retry, backoff, reason, now in rows:
-            heads.setdefault(key, (retry, backoff, reason, interval, now))
-            if slot_id is not None:
-                slots.setdefault(key, []).append(
-                    HostSlot(slot_id, key, start, interval, count, ttl)
-                )
-        answers = []
-        for ask in asks:
-            retry, backoff, reason, interval, now = heads[ask.key]
-            given = tuple(slots.get(ask.key, ()))
-            answers.append(HostAnswer(ask.key, given, retry, backoff, reason, interval, now))
-        return answers
+        return _answers(asks, rows, ttl)
 
     def renew(self, slot_ids: Iterable[int], ttl: float) -> dict[int, float]:
         ids = sorted(set(slot_ids))
@@ -549,6 +609,33 @@ class PostgresHostBudgetStore(HostBudgetStore):
             ([i for i, _ in items], [ago for _, ago in items]),
         )
         return int(rows[0][0])
+
+
+def _ask_arrays(ordered: Sequence[HostAsk]) -> tuple[list, ...]:
+    """The asks as the PostgreSQL functions' arrays, in the key order given."""
+    return (
+        [a.key for a in ordered],
+        [float(a.interval) for a in ordered],
+        [int(a.concurrency) for a in ordered],
+        [int(a.count) for a in ordered],
+        [int(a.slots) for a in ordered],
+    )
+
+
+def _answers(asks: Sequence[HostAsk], rows: list[tuple], ttl: float) -> list[HostAnswer]:
+    """The rows of ``hub_host_take`` as one answer per ask, in the asks' order."""
+    slots: dict[str, list[HostSlot]] = {}
+    heads: dict[str, tuple] = {}
+    for key, slot_id, start, interval, count, retry, backoff, reason, now in rows:
+        heads.setdefault(key, (retry, backoff, reason, interval, now))
+        if slot_id is not None:
+            slots.setdefault(key, []).append(HostSlot(slot_id, key, start, interval, count, ttl))
+    answers = []
+    for ask in asks:
+        retry, backoff, reason, interval, now = heads[ask.key]
+        given = tuple(slots.get(ask.key, ()))
+        answers.append(HostAnswer(ask.key, given, retry, backoff, reason, interval, now))
+    return answers
 
 
 def _now(tx: Transaction) -> float:

@@ -4,13 +4,23 @@ slot of the hub's (``crawler.hub.hostbudget``) lets them go.
 A gate per budget key holds the slots this process took, each with its send times, and
 the requests waiting. A request goes when a slot of its key has no request in flight,
 its next send time has come and no back-off holds the key; the slot then carries that
-request until it finishes. Asks for slots of many keys go to the hub in one call, and so
-do releases and renewals; one call at a time, in the runner's thread, so that the hub
-sees them in the order they were made (a back-off is written before the slot that met
-it is released). A slot is used only while this process knows it alive: until its TTL
+request until it finishes. Asks for slots of many keys go to the hub in one call, with
+the releases gathered meanwhile (one round trip where a release and a take took two),
+and renewals in one call too; one call at a time, in the runner's thread, so that the
+hub sees them in the order they were made (a back-off is written before the slot that
+met it is released). A slot is used only while this process knows it alive: until its TTL
 from the last renewal that succeeded, counted from when that renewal was sent. A hub
 that cannot be reached so lets every slot run out here before any other process could
 be given it.
+
+Requests waiting here are *parked*: the downloader (``crawler/downloader.py``) does not
+count them against ``CONCURRENT_REQUESTS`` (it takes in at most twice that many more),
+so that other hosts' requests are fetched while one host's slot is asked for, and asks
+gather into larger calls. A parked request goes only while fewer than
+``max_in_flight`` (the crawl's ``CONCURRENT_REQUESTS``) that went through the gates are
+unfinished, so that no more are ever fetched at once. Requests held before the gates
+(waiting for robots.txt) do not count: the robots.txt request they wait for gets
+through.
 
 Waits are told in episodes: one from the moment a key has a request that cannot go at
 once until the key has no request waiting, with every reason that held requests back.
@@ -55,6 +65,11 @@ class GateConfig:
     # A slot with no request waiting is kept this long for the next one: a host's
     # requests that come one after another then take one slot, not one each.
     linger_seconds: float = 0.5
+    # Asks and releases wait this long for others to go in the same call, unless
+    # ``batch_max`` asks wait: fewer calls, each of more hosts (a parked request holds
+    # no fetch of the crawl's while it waits).
+    batch_seconds: float = 0.1
+    batch_max: int = 16
 
     @property
     def heartbeat(self) -> float:
@@ -156,10 +171,18 @@ class HostGates:
         self._asks: dict[str, HostAsk] = {}
         self._releases: list[tuple[int, float | None]] = []
         self._busy = False  # a hub call is out
+        self._gathering: float | None = None  # since when asks or releases wait
+        self._batch_timer: Timer | None = None
         self._queue: deque[Callable[[], None]] = deque()
         self._beat: Timer | None = None
         self.closed = False
         self.hub_calls = 0
+        # Requests waiting at a gate; those let through and not finished, at most
+        # max_in_flight (0: no limit); the gates that could let one go but for that.
+        self.parked = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._blocked: dict[str, None] = {}
 
     # --- requests -------------------------------------------------------------------
     def wait(
@@ -185,6 +208,7 @@ class HostGates:
             go(slot)
 
         gate.waiters.append((url, go_once))
+        self.parked += 1
         self._dispatch(gate)
         if went:
             return
@@ -198,9 +222,11 @@ class HostGates:
         """The request that went through *slot* has finished."""
         slot.busy = False
         slot.idle_since = self.clock.now()
+        self.in_flight -= 1
         gate = self._gates.get(key)
         if gate is not None:
             self._dispatch(gate)
+        self._room_freed()
 
     def back_off(self, key: str, seconds: float, reason: str) -> None:
         """The host said to wait *seconds*: the hub is told, then this process's slots
@@ -248,10 +274,15 @@ class HostGates:
             if at > now:
                 wake = at
                 break
+            if not self._room():
+                self._blocked[gate.key] = None
+                break
             slot.used += 1
             slot.busy = True
             slot.last_sent = now
             _, go = gate.waiters.popleft()
+            self.parked -= 1
+            self.in_flight += 1
             go(slot)
         linger = self._drop_spent(gate, now)
         if gate.waiters:
@@ -269,6 +300,18 @@ class HostGates:
         else:
             self._wake_at(gate, linger)
             self._episode_over(gate, now)
+
+    def _room(self) -> bool:
+        return self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
+
+    def _room_freed(self) -> None:
+        """A request ended: those that waited only for room go, oldest gate first."""
+        while self._blocked and self._room():
+            key = next(iter(self._blocked))
+            del self._blocked[key]
+            gate = self._gates.get(key)
+            if gate is not None:
+                self._dispatch(gate)
 
     def _usable(self, gate: _Gate, now: float) -> tuple[_Slot | None, float]:
         """The free slot whose next send time comes first, and that time."""
@@ -365,29 +408,51 @@ class HostGates:
         self._flush()
 
     def _flush(self) -> None:
-        """Send what has gathered, one call at a time."""
-        while not self._busy and (self._releases or self._asks or self._queue):
+        """Send what has gathered, one call at a time: calls made in order at once,
+        asks and releases once they gathered for ``batch_seconds`` (or ``batch_max``
+        asks wait)."""
+        while not self._busy and (self._queue or self._batch_due()):
             self._flush_one()
+        if self._busy or not (self._releases or self._asks) or self._gathering is None:
+            return
+        if self._batch_timer is None or not self._batch_timer.active():
+            wait = self._gathering + self.config.batch_seconds - self.clock.now()
+            self._batch_timer = self.clock.call_later(max(wait, 0.0), self._flush)
+
+    def _batch_due(self) -> bool:
+        if not (self._releases or self._asks):
+            return False
+        now = self.clock.now()
+        if self._gathering is None:
+            self._gathering = now
+        return (
+            self.closed
+            or len(self._asks) >= self.config.batch_max
+            or now >= self._gathering + self.config.batch_seconds
+        )
 
     def _flush_one(self) -> None:
         # Calls made in order first (a back-off before the release of the slot that
-        # met it), then releases (a slot given back before this process asks again).
+        # met it), then releases and asks in one call, the releases first (a slot given
+        # back before this process asks again).
         if self._queue:
             self._queue.popleft()()
-        elif self._releases:
-            releases, self._releases = self._releases, []
-            self._send(lambda: self.store.release(releases), lambda _: None, "releasing slots")
-        elif self._asks and not self.closed:
-            asks, self._asks = list(self._asks.values()), {}
-            sent = self.clock.now()
-            self._send(
-                lambda: self.store.take(asks, self.holder, self.config.ttl),
-                lambda answers: self._answered(answers, sent),
-                "taking host slots",
-                lambda: self._not_answered(asks),
-            )
-        else:
-            self._asks.clear()
+            return
+        releases, self._releases = self._releases, []
+        asks = [] if self.closed else list(self._asks.values())
+        self._asks = {}
+        self._gathering = None
+        if not asks:
+            if releases:
+                self._send(lambda: self.store.release(releases), lambda _: None, "releasing slots")
+            return
+        sent = self.clock.now()
+        self._send(
+            lambda: self.store.exchange(releases, asks, self.holder, self.config.ttl),
+            lambda answers: self._answered(answers, sent),
+            "taking host slots",
+            lambda: self._not_answered(asks),
+        )
 
     def _call(self, fn: Callable[[], Any], done: Callable[[Any], None], doing: str) -> None:
         """A call that goes in order with the asks and releases."""
@@ -495,8 +560,12 @@ class HostGates:
             self._episode_over(gate, now)
             releases.extend(s.release_item(now) for s in gate.slots)
             gate.slots = []
+        self.parked = 0
+        self._blocked.clear()
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
+        if self._batch_timer is not None and self._batch_timer.active():
+            self._batch_timer.cancel()
         self.closed = True
         self._asks.clear()
         if releases:

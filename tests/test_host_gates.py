@@ -1,0 +1,113 @@
+"""HostGates, one process's side of the host budgets, driven step by step: a manual
+clock, hub calls run inline (or held until the test lets them finish), a real hub on
+SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from crawler.hub import Hub
+from crawler.hub.hostbudget import HostBudgetStore
+from crawler.hub.hostgates import GateConfig, HostGates
+from tests.hubs import hub_url  # noqa: F401 - the backend-parametrised fixture
+from tests.test_lease_pool import InlineRunner, ManualClock
+
+
+class Calls:
+    """The store, every call it is given written down: (name, releases, asks)."""
+
+    def __init__(self, store: HostBudgetStore) -> None:
+        self.store = store
+        self.made: list[tuple[str, int, int]] = []
+
+    def exchange(self, releases, asks, holder, ttl):
+        self.made.append(("exchange", len(releases), len(asks)))
+        return self.store.exchange(releases, asks, holder, ttl)
+
+    def release(self, releases):
+        self.made.append(("release", len(releases), 0))
+        return self.store.release(releases)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+
+@pytest.fixture
+def rig(hub_url, request):  # noqa: F811
+    """Gates whose asks go at once, or after ``batch_seconds`` with ``indirect`` params."""
+    config = GateConfig(batch_seconds=getattr(request, "param", 0.0), batch_max=3)
+    with Hub.open(hub_url) as hub:
+        calls = Calls(HostBudgetStore.open(hub))
+        clock, runner = ManualClock(), InlineRunner()
+        gates = HostGates(calls, "me", config, clock, runner)  # type: ignore[arg-type]
+        yield gates, calls, clock, runner
+
+
+def test_releases_go_in_the_call_that_asks_for_slots(rig):
+    """A slot given back while a call is out, and a new host asked for meanwhile, go to
+    the hub together once that call is answered: one round trip, not two."""
+    gates, calls, clock, runner = rig
+    went: dict[str, Any] = {}
+
+    def wait(key: str) -> None:
+        gates.wait(key, f"http://{key}/", 0.0, 1, lambda slot: went.setdefault(key, slot))
+
+    wait("b.test")
+    gates.done("b.test", went["b.test"])
+    runner.hold = True
+    wait("a.test")  # its call is out...
+    clock.advance(GateConfig().linger_seconds + 0.1)  # ...when b.test's slot goes back
+    wait("c.test")
+    assert "a.test" not in went and "c.test" not in went
+    runner.finish()
+    assert sorted(went) == ["a.test", "b.test", "c.test"]
+    assert calls.made == [("exchange", 0, 1), ("exchange", 0, 1), ("exchange", 1, 1)]
+    # A slot given back with nothing to ask goes alone.
+    gates.done("a.test", went["a.test"])
+    clock.advance(GateConfig().linger_seconds + 0.1)
+    assert calls.made[-1] == ("release", 1, 0)
+
+
+def test_no_more_requests_go_through_the_gates_than_max_in_flight(rig):
+    """Requests waiting at the gates are counted as parked; with ``max_in_flight``
+    through and unfinished, one whose slot is ready still waits, and goes, oldest gate
+    first, when one of them ends."""
+    gates, calls, clock, runner = rig
+    gates.max_in_flight = 1
+    went: dict[str, Any] = {}
+    for key in ("a.test", "b.test", "c.test"):
+        gates.wait(key, f"http://{key}/", 0.0, 1, lambda slot, key=key: went.setdefault(key, slot))
+    assert (list(went), gates.parked, gates.in_flight) == (["a.test"], 2, 1)
+    assert len(calls.made) == 3  # every slot is asked for all the same
+    gates.done("a.test", went["a.test"])
+    assert (list(went), gates.parked, gates.in_flight) == (["a.test", "b.test"], 1, 1)
+    gates.done("b.test", went["b.test"])
+    assert (list(went), gates.parked) == (["a.test", "b.test", "c.test"], 0)
+
+
+@pytest.mark.parametrize("rig", [0.1], indirect=True)
+def test_asks_gather_for_a_moment_into_one_call(rig):
+    """Asks made within ``batch_seconds`` of the first go in one call, then; as many as
+    ``batch_max`` go at once; a slot given back waits for the next call the same way."""
+    gates, calls, clock, runner = rig
+    went: dict[str, Any] = {}
+
+    def wait(key: str) -> None:
+        gates.wait(key, f"http://{key}/", 0.0, 1, lambda slot: went.setdefault(key, slot))
+
+    wait("a.test")
+    clock.advance(0.05)
+    wait("b.test")
+    assert (calls.made, went) == ([], {})
+    clock.advance(0.06)
+    assert calls.made == [("exchange", 0, 2)] and sorted(went) == ["a.test", "b.test"]
+    for key in ("c.test", "d.test", "e.test"):
+        wait(key)
+    assert calls.made[-1] == ("exchange", 0, 3) and len(went) == 5
+    gates.done("a.test", went["a.test"])
+    clock.advance(GateConfig().linger_seconds + 0.05)
+    assert len(calls.made) == 2
+    clock.advance(0.1)
+    assert calls.made[-1] == ("release", 1, 0)
