@@ -9,7 +9,10 @@ names with one page each, no delay (politeness is not the bottleneck), every nam
 resolved to one local demo site (tests/loopback_resolver.py). Rounds alternate the host
 budget on (``HOST_BUDGET_ENABLED``, a PostgreSQL hub at PG_TEST_URL, else a SQLite one)
 and off, in this process tree; pages/s is counted from the first to the last ``ok``
-line of all the processes' action logs, and the ratio on/off is printed per round.
+line of all the processes' action logs, and the ratio on/off is printed per round, with
+what the budget did (from the crawls' stats): hub calls per page, and how long the
+requests that waited at their host's gate (for a slot, then for room among
+``CONCURRENT_REQUESTS``) waited on average.
 
 Hub: ``--clients`` processes take and release host slots in a loop for ``--seconds``
 on PostgreSQL (a schema of its own), as crawl processes do: one call takes a slot on
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
@@ -73,8 +77,11 @@ def _drop(made: tuple[str, object] | None) -> None:
 
 
 # --- crawl -----------------------------------------------------------------------------
-def crawl_once(workdir: Path, port: int, names: list[str], procs: int, hub: str, on: bool) -> float:
-    """Pages/s of *procs* crawls over one page of each host name."""
+def crawl_once(
+    workdir: Path, port: int, names: list[str], procs: int, hub: str, on: bool
+) -> tuple[float, dict[str, float]]:
+    """Pages/s of *procs* crawls over one page of each host name, and the sum of their
+    ``host/`` stats."""
     run = workdir / f"run-{time.monotonic_ns()}"
     run.mkdir()
     settings = {
@@ -86,7 +93,9 @@ def crawl_once(workdir: Path, port: int, names: list[str], procs: int, hub: str,
         "AUTOTHROTTLE_ENABLED": False,
         "DOWNLOAD_DELAY": 0,
         "CONCURRENT_REQUESTS": 16,
-        "LOG_LEVEL": "WARNING",
+        # INFO and not quiet: the stats are dumped at the end (a few lines per crawl).
+        "LOG_LEVEL": "INFO",
+        "LOG_QUIET": False,
         "PROGRESS_INTERVAL": 0,
     }
     args = [a for k, v in settings.items() for a in ("-s", f"{k}={v}")]
@@ -99,10 +108,13 @@ def crawl_once(workdir: Path, port: int, names: list[str], procs: int, hub: str,
         cmd += ["-s", f"DATA_DIR={run / f'data{k}'}", *args]
         crawls.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL,
                                        stderr=subprocess.PIPE, text=True))  # fmt: skip
+    stats: dict[str, float] = {}
     for proc in crawls:
         _, err = proc.communicate(timeout=1800)
         if proc.returncode:
             raise RuntimeError(err[-3000:])
+        for name, value in re.findall(r"'(host/[a-z_]+)': ([0-9.]+)", err):
+            stats[name] = stats.get(name, 0.0) + float(value)
     stamps = []
     for k in range(procs):
         for line in (run / f"data{k}" / "fetch_log.jsonl").read_text().splitlines():
@@ -112,7 +124,7 @@ def crawl_once(workdir: Path, port: int, names: list[str], procs: int, hub: str,
     shutil.rmtree(run, ignore_errors=True)
     if len(stamps) != len(names):
         raise RuntimeError(f"{len(stamps)} pages stored of {len(names)}")
-    return len(stamps) / (max(stamps) - min(stamps))
+    return len(stamps) / (max(stamps) - min(stamps)), stats
 
 
 def _epoch(ts: str) -> float:
@@ -135,12 +147,16 @@ def bench_crawl(hosts: int, procs: int, rounds: int) -> list[str]:
             workdir = Path(tmp)
             hub = made[0] if made else f"sqlite:///{workdir}/hub.db"
             for r in range(rounds):
-                off = crawl_once(workdir, port, names, procs, hub, on=False)
-                on = crawl_once(workdir, port, names, procs, hub, on=True)
+                off, _ = crawl_once(workdir, port, names, procs, hub, on=False)
+                on, stats = crawl_once(workdir, port, names, procs, hub, on=True)
+                waits = stats.get("host/gate_waits", 0)
+                wait_ms = 1000 * stats.get("host/gate_wait_seconds", 0) / max(waits, 1)
                 lines.append(
                     f"round {r + 1}: {procs} processes, {hosts:,} hosts x 1 page, no delay: "
                     f"budget off {off:,.0f} pages/s, on {on:,.0f} pages/s, on/off {on / off:.2f} "
-                    f"({'postgresql' if made else 'sqlite'} hub)"
+                    f"({'postgresql' if made else 'sqlite'} hub; "
+                    f"{stats.get('host/hub_calls', 0) / hosts:.2f} hub calls a page, "
+                    f"{waits / hosts:.0%} of requests waited at the gate, {wait_ms:.0f} ms on average)"
                 )
     finally:
         site.terminate()
