@@ -39,6 +39,11 @@ class TakenOver(IgnoreRequest):
     """The request's work-queue batch was taken over by another holder, who fetches it."""
 
 
+class NotSent(IgnoreRequest):
+    """The crawl closed while the request waited to be sent (for a host slot): nothing
+    was fetched, nothing is logged, and the next run fetches it."""
+
+
 def reason(exc: BaseException) -> str:
     """What the action log says of ``exc``: its text, prefixed with its type unless
     it is an IgnoreRequest (whose text is the reason)."""

@@ -21,7 +21,7 @@ from scrapy import Request
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
 
-from crawler.downloader import TakenOver
+from crawler.downloader import NotSent, TakenOver
 from crawler.fetches import response_fetch
 from crawler.storage.records import Row
 from extensions.archive_policy import Decision
@@ -135,7 +135,7 @@ class ArchiveMiddleware:
     def process_exception(self, request: Request, exception: Exception) -> None:
         if (
             self.storage.session.log is None
-            or isinstance(exception, (CachedRequest, TakenOver))
+            or isinstance(exception, (CachedRequest, TakenOver, NotSent))
             or _is_robots(request)
         ):
             return None

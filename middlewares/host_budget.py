@@ -20,6 +20,7 @@ Every blocking hub call runs in one thread of this middleware's, never on the re
 
 from __future__ import annotations
 
+import inspect
 import logging
 import secrets
 import time
@@ -28,15 +29,17 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
-from scrapy.exceptions import IgnoreRequest, NotConfigured, UsageError
+from scrapy.exceptions import NotConfigured, UsageError
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
+from crawler.downloader import NotSent
 from crawler.hub import Holder, Hub, HubUnavailableError, InvalidHubURLError
 from crawler.hub.db import hub_url
 from crawler.hub.hostbudget import HostBudgetStore
 from crawler.hub.hostgates import GateConfig, GateEvents, HostGates, WaitEpisode
+from crawler.signals import FINAL_OUTCOME
 from crawler.storage.actionlog import Outcome
 from middlewares.proxy_lease import META_LABEL, _HubThread, _ReactorClock
 
@@ -234,7 +237,25 @@ class HostBudgetMiddleware:
         if hasattr(downloader, "parking"):
             downloader.parking = self.gates
             self.gates.max_in_flight = downloader.total_concurrency
+        self._stop_waiting_when_closing()
         self.gates.start()
+
+    def _stop_waiting_when_closing(self) -> None:
+        # A closing engine waits for every request it handed to the downloader: those
+        # waiting here for a host slot would be paced out one by one (up to twice
+        # CONCURRENT_REQUESTS of them, a second apart at DOWNLOAD_DELAY=1) before a
+        # graceful stop ends. They were never sent: they go back at once, unfetched.
+        # Scrapy sends no signal when closing starts; its engine slot's close() is it.
+        slot = getattr(self.crawler.engine, "_slot", None)
+        close = getattr(slot, "close", None)
+        if close is None or not inspect.iscoroutinefunction(close):
+            return
+
+        async def closing() -> None:
+            self.gates.stop_waiting()
+            await close()
+
+        slot.close = closing
 
     async def spider_closed(self) -> None:
         stats = self.crawler.stats
@@ -301,7 +322,9 @@ class HostBudgetMiddleware:
             self._waited += 1
             self._wait_seconds += time.monotonic() - asked
         if slot is None or self.gates.closed:
-            raise IgnoreRequest("the spider is closing: no host slots any more")
+            # Never sent: no action line (the next run fetches it), no "Gave up".
+            request.meta[FINAL_OUTCOME] = "not_sent"
+            raise NotSent("the spider is closing: no host slots any more")
         request.meta[META_SLOT] = (key, slot)
         self.crawler.stats.inc_value("host/requests")
 

@@ -176,6 +176,7 @@ class HostGates:
         self._queue: deque[Callable[[], None]] = deque()
         self._beat: Timer | None = None
         self.closed = False
+        self.stopping = False  # the crawl is closing: no request waits for a slot
         self.hub_calls = 0
         # Requests waiting at a gate; those let through and not finished, at most
         # max_in_flight (0: no limit); the gates that could let one go but for that.
@@ -207,6 +208,9 @@ class HostGates:
             went.append(True)
             go(slot)
 
+        if self.stopping:
+            go(None)
+            return
         gate.waiters.append((url, go_once))
         self.parked += 1
         self._dispatch(gate)
@@ -545,6 +549,25 @@ class HostGates:
             gate.backoff_until, gate.backoff_reason = until, "told by the hub"
 
     # --- closing ------------------------------------------------------------------------
+    def stop_waiting(self) -> None:
+        """The crawl is closing: requests waiting for a slot are called with none at once
+        (they were never sent: the next run fetches them), and so is any that asks from
+        now on; requests in flight keep their slots until they end."""
+        self.stopping = True
+        now = self.clock.now()
+        waiting: list[Callable[[Any], None]] = []
+        for gate in list(self._gates.values()):
+            if gate.timer is not None and gate.timer.active():
+                gate.timer.cancel()
+                gate.timer = None
+            waiting.extend(go for _, go in gate.waiters)
+            self.parked -= len(gate.waiters)
+            gate.waiters.clear()
+            self._episode_over(gate, now)
+        self._blocked.clear()
+        for go in waiting:
+            go(None)
+
     def close(self, done: Callable[[], None]) -> None:
         """Release every slot; *done* once the hub has been told (or failed to be).
         Requests still waiting are called with no slot."""
