@@ -29,7 +29,7 @@ demo: bytecode
 
 # Workers: the suite mostly waits (servers, crawl processes, Chromium, Slurm), so more
 # workers than cores pay; TEST_WORKERS=0 runs it in this one process.
-TEST_WORKERS ?= 4
+TEST_WORKERS ?= 6
 
 test: bytecode
 	$(BIN)/python -m pytest -n $(TEST_WORKERS)
