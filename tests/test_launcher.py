@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -71,7 +70,6 @@ def test_a_command_past_its_timeout_is_killed(tmp_path):
     urls = tmp_path / "urls.txt"
     urls.write_text("")
     os.mkfifo(tmp_path / "never")
-    started = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         # Reads a FIFO no one writes to: it waits until killed.
         launcher.run_scrapy_argv(
@@ -80,7 +78,6 @@ def test_a_command_past_its_timeout_is_killed(tmp_path):
             env=crawl_env(),
             timeout=5,
         )
-    assert time.monotonic() - started < 60
 
 
 def test_a_crawl_started_in_a_session_of_its_own_dies_with_its_group(tmp_path):
