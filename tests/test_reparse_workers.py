@@ -21,6 +21,7 @@ from crawler.reparse.follow import Follow
 from crawler.reparse.plan import ReparseConfig
 from crawler.reparse.runner import plain
 from tests.conftest import run_crawl, write_urls
+from tests.polling import wait_until
 
 
 class Part(scrapy.Item):
@@ -114,7 +115,12 @@ def test_follow_writes_each_batch_once_with_the_next_one_in_flight(
     assert again.pages == 0
 
 
-def test_a_worker_that_outlives_terminate_is_killed(monkeypatch):
+def _mark_then_sleep(marker):
+    open(marker, "w").close()
+    time.sleep(600)
+
+
+def test_a_worker_that_outlives_terminate_is_killed(monkeypatch, tmp_path):
     # A worker that does not act on SIGTERM: as one still holding its parent's handler
     # (which only logs it) when the pool is terminated, before its initializer ran.
     monkeypatch.setattr(runner, "TERMINATE_WAIT", 1.0)
@@ -122,7 +128,11 @@ def test_a_worker_that_outlives_terminate_is_killed(monkeypatch):
         1, initializer=signal.signal, initargs=(signal.SIGTERM, signal.SIG_IGN)
     )
     assert pool.apply(os.getpid) != os.getpid()  # the worker is up, ignoring SIGTERM
-    pool.apply_async(time.sleep, (600,))  # and busy: it reads no "no more work"
+    marker = tmp_path / "running"
+    pool.apply_async(_mark_then_sleep, (str(marker),))  # and busy: it reads no "no more work"
+    # A task still queued when the pool ends is drained by terminate and the idle
+    # worker exits on its own: wait until the worker holds it.
+    wait_until(marker.exists, "the worker to start its task")
     workers = list(pool._pool)
     ending = threading.Thread(target=runner.end_pool, args=(pool, False), daemon=True)
     ending.start()
