@@ -8,10 +8,13 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # The stamp makes `make install` a no-op while requirements.txt is unchanged.
+# uv installs the same pinned set in about a third of pip's time (docs/benchmarks.md);
+# it reads no pip.conf, so where it cannot reach an index pip does the install.
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.txt
+	$(BIN)/pip install -q uv
+	$(BIN)/uv pip install -q --python $(BIN)/python --compile-bytecode -r requirements.txt \
+		|| $(BIN)/pip install -q -r requirements.txt
 	$(BIN)/python -c "from duckdb_extensions import import_extension; import_extension('sqlite')"
 	touch $(STAMP)
 
