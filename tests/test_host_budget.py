@@ -252,3 +252,54 @@ async def test_requests_waiting_for_robots_txt_leave_it_room(tmp_path):
             await crawl_together(urls, tmp_path, settings, crawls=1)
         assert hosts["robots.test"].hits("/robots.txt") == 1
     assert stored(tmp_path / "data0") == set(urls)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_graceful_stop_sends_and_logs_no_request_waiting_for_its_host(tmp_path):
+    """Requests parked at a host's gate when a graceful stop begins are never sent: no
+    action line, no error, and the next run fetches them; each URL is stored once."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    data_dir = tmp_path / "data"
+    with HostServers(["paced.test"], latency=0.02) as hosts:
+        urls = hosts.urls("paced.test", 12)
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "DOWNLOAD_DELAY": 0.5,
+            "CONCURRENT_REQUESTS": 4,  # up to 8 requests parked at the gate
+            "ROBOTSTXT_OBEY": False,
+        }
+        server = hosts["paced.test"]
+        with hosts.resolving():
+            await deferred_from_coro(stop_once_fetching(urls, data_dir, settings, server))
+            sent = server.hits()
+            assert sent < len(urls) // 2, f"{sent} requests sent after a graceful stop"
+            lines = read_log(data_dir / "fetch_log.jsonl")
+            assert [e["outcome"] for e in lines] == ["ok"] * sent, lines
+            assert len(stored(data_dir)) == sent
+            await deferred_from_coro(crawl_site(urls, data_dir, settings))
+        assert server.hits() == len(urls)  # the second run fetched only what was not sent
+    assert stored(data_dir) == set(urls)
+
+
+async def stop_once_fetching(urls, data_dir, settings, server) -> None:
+    """The site spider over *urls*, stopped gracefully (as by SIGTERM) once *server* got
+    two requests."""
+    import asyncio
+
+    from scrapy.crawler import CrawlerRunner
+    from scrapy.settings import Settings
+
+    from spiders.site import SiteSpider
+    from tests.conftest import project_settings, write_urls
+
+    values = Settings(project_settings(data_dir))
+    values.setdict({"DATA_DIR": str(data_dir), **settings}, priority="cmdline")
+    crawler = CrawlerRunner(values).create_crawler(SiteSpider)
+    listed = write_urls(data_dir.parent / "urls.txt", urls)
+    running = asyncio.ensure_future(crawler.crawl_async(urls=str(listed)))
+    while server.hits() < 2:
+        await asyncio.sleep(0.05)
+    await crawler.stop_async()
+    await running
