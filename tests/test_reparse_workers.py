@@ -11,6 +11,8 @@ import sqlite3
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import scrapy
@@ -18,7 +20,7 @@ from itemadapter import ItemAdapter
 
 from crawler.reparse import follow, runner
 from crawler.reparse.follow import Follow
-from crawler.reparse.plan import ReparseConfig
+from crawler.reparse.plan import MIN_TASK_ROWS, ReparseConfig, plan
 from crawler.reparse.runner import plain
 from tests.conftest import run_crawl, write_urls
 from tests.polling import wait_until
@@ -46,6 +48,39 @@ def test_plain_gives_what_itemadapter_asdict_gives():
     got = plain(offer)
     assert type(got["parts"][0]) is dict and type(got["parts"][0]["tags"]) is tuple
     assert type(got["extra"]["part"]) is dict
+
+
+def catalog_rows(n: int) -> list:
+    """``n`` catalog rows of one archive file, in offset order."""
+    return [
+        SimpleNamespace(
+            archive="archive/a.warc.gz",
+            key=f"{i:064x}",
+            url=f"http://a.test/{i}",
+            final_url=f"http://a.test/{i}",
+            method="GET",
+            fetched_at="2026-01-01T00:00:00Z",
+            offset=i * 1000,
+            length=1000,
+            status=200,
+            payload_digest=None,
+        )
+        for i in range(n)
+    ]
+
+
+def test_several_workers_get_smaller_tasks_as_the_records_run_out():
+    rows = catalog_rows(3000)
+    tasks = list(plan(rows, Path("data"), 200, workers=2, total=len(rows)))
+    assert [key for task in tasks for key, *_ in task.rows] == [row.key for row in rows]
+    sizes = [len(task.rows) for task in tasks]
+    assert sizes[0] == 200 and sizes == sorted(sizes, reverse=True)
+    # A worker that is done first waits for the other's last task only: a few records.
+    assert sizes[-2] == MIN_TASK_ROWS and sizes[-1] <= MIN_TASK_ROWS
+    assert len(tasks) <= 4 * len(rows) // 200  # not many more reads and messages
+    # One worker: every task as large as allowed.
+    alone = [len(task.rows) for task in plan(rows, Path("data"), 200, workers=1, total=3000)]
+    assert alone == [200] * 15
 
 
 PAGES = [f"page/{n}.html" for n in range(300, 311)]

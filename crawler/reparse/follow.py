@@ -40,7 +40,6 @@ from crawler.reparse.runner import (
     TaskResult,
     end_pool,
     run_in_worker,
-    task_rows,
     worker_pool,
 )
 from crawler.storage.catalog import Catalog
@@ -206,8 +205,7 @@ class Follow:
 
     def _tasks(self, rows: list) -> list[Task]:
         rows.sort(key=lambda row: (row.archive, row.offset))
-        size = task_rows(self.config.chunk_rows, len(rows), self.workers)
-        tasks = list(plan(rows, self.datadir.root, size))
+        tasks = list(plan(rows, self.datadir.root, self.config.chunk_rows, self.workers, len(rows)))
         for task in tasks:
             # A file still written to has its .open name.
             task.path = str(self.datadir.resolve(os.path.relpath(task.path, self.datadir.root)))

@@ -20,6 +20,11 @@ from crawler.storage.records import Row
 
 CHUNK_ROWS = 200
 CHUNK_BYTES = 16 << 20
+# Several workers: a task is at most 1/(workers x TAPER) of the records left, and at
+# least MIN_TASK_ROWS (a task's own cost, a read and a message, is that of well under
+# one page's parse).
+TAPER = 4
+MIN_TASK_ROWS = 4
 
 
 class ReparseError(Exception):
@@ -139,10 +144,29 @@ def select_rows(config: ReparseConfig) -> Selection:
     return Selection(config)
 
 
-def plan(rows: Iterable[Row], data_dir: Path, chunk_rows: int = CHUNK_ROWS) -> Iterator[Task]:
-    """Cut rows (sorted by archive and offset) into byte ranges of one file each."""
+def task_size(most: int, left: int, workers: int) -> int:
+    """Records in the next task: ``most`` for one worker; for several, a share of the
+    ``left`` records that shrinks as they run out (guided scheduling), so that the
+    workers finish together instead of one parsing a long last task while the others
+    have nothing left to do."""
+    if workers <= 1:
+        return most
+    return min(most, max(MIN_TASK_ROWS, left // (workers * TAPER)))
+
+
+def plan(
+    rows: Iterable[Row],
+    data_dir: Path,
+    chunk_rows: int = CHUNK_ROWS,
+    workers: int = 1,
+    total: int = 0,
+) -> Iterator[Task]:
+    """Cut rows (sorted by archive and offset) into byte ranges of one file each, of
+    at most ``chunk_rows`` records; with several ``workers`` and the ``total`` number
+    of rows, smaller ones as the rows run out (:func:`task_size`)."""
     current: Task | None = None
-    for row in rows:
+    limit = chunk_rows
+    for done, row in enumerate(rows):
         path = str(data_dir / row.archive)
         entry = (
             row.key,
@@ -157,13 +181,14 @@ def plan(rows: Iterable[Row], data_dir: Path, chunk_rows: int = CHUNK_ROWS) -> I
         )
         if current is not None and (
             current.path != path
-            or len(current.rows) >= chunk_rows
+            or len(current.rows) >= limit
             or row.offset + row.length - current.start > CHUNK_BYTES
         ):
             yield current
             current = None
         if current is None:
             current = Task(path, [])
+            limit = task_size(chunk_rows, total - done, workers)
         current.rows.append(entry)
     if current is not None:
         yield current

@@ -302,14 +302,6 @@ def make_spider(name: str, spider_args: dict, overrides: dict):
 _worker: Reparser | None = None
 
 
-def task_rows(most: int, total: int, workers: int) -> int:
-    """Records per task: ``most``, or fewer so that each worker gets several tasks and
-    none is left parsing a long last one while the others have nothing to do."""
-    if workers == 1:
-        return most
-    return max(1, min(most, total // (workers * 8)))
-
-
 def quiet_worker() -> None:
     # A forked worker inherits the parent's handlers (Scrapy's, the reactor's), which
     # only log a SIGTERM: Pool.terminate() then waited forever on a worker blocked on
@@ -431,7 +423,7 @@ class Reparse:
         config = self.config
         init = (config.spider, config.callback, config.spider_args, config.settings, mode)
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
-        tasks = plan(selection, config.data_dir, task_rows(config.chunk_rows, total, workers))
+        tasks = plan(selection, config.data_dir, config.chunk_rows, workers, total)
         if workers == 1:
             reparser = Reparser(*init)
             for task in tasks:
