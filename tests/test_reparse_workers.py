@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import pickle
 import shutil
 import signal
 import sqlite3
@@ -18,10 +19,12 @@ import pytest
 import scrapy
 from itemadapter import ItemAdapter
 
+from crawler.itemrows import item_row
 from crawler.reparse import follow, runner
 from crawler.reparse.follow import Follow
 from crawler.reparse.plan import MIN_TASK_ROWS, ReparseConfig, plan
 from crawler.reparse.runner import plain
+from crawler.storage.items import PageItems
 from tests.conftest import run_crawl, write_urls
 from tests.polling import wait_until
 
@@ -48,6 +51,18 @@ def test_plain_gives_what_itemadapter_asdict_gives():
     got = plain(offer)
     assert type(got["parts"][0]) is dict and type(got["parts"][0]["tags"]) is tuple
     assert type(got["extra"]["part"]) is dict
+
+
+def test_a_workers_pages_cross_to_the_parent_as_runs_of_value_tuples():
+    items = [Offer(1.5, ["a"], {"b": 2}), Offer(2.0), Part(name="p", tags=["x"])]
+    rows = [item_row(item, "shop") for item in items]
+    page = PageItems("k" * 64, "shop", rows, "2026-01-01T00:00:00.000000Z", replace=True)
+    wire = pickle.dumps(page)
+    # No row dataclass in it: a class and a dict of names per item.
+    assert b"ItemRow" not in wire
+    back = pickle.loads(wire)
+    assert back.to_wire() == page.to_wire() and back.count == 3
+    assert back.runs[0][4] == [(1.5, '["a"]', '{"b": 2}'), (2.0, "[]", "{}")]
 
 
 def catalog_rows(n: int) -> list:

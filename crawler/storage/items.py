@@ -175,6 +175,11 @@ class PageItems:
         key, spider, runs, parsed_at, replace, log = wire
         return cls(key, spider, [], parsed_at, replace, log, runs)
 
+    def __reduce__(self):
+        # Pickled (a re-parse worker's pages to its parent) as on the wire: the rows'
+        # dataclasses took as long to pickle and load as the parent took to store them.
+        return (PageItems.from_wire, (self.to_wire(),))
+
 
 def reserved_table(name: str) -> bool:
     """Whether ``name`` is one of the catalog database's own tables (SQLite's table
