@@ -189,3 +189,20 @@ def test_a_worker_that_outlives_terminate_is_killed(monkeypatch, tmp_path):
     ending.join(timeout=60)
     assert not ending.is_alive(), "the parent waited for a worker that ignores SIGTERM"
     assert [w.exitcode for w in workers] == [-signal.SIGKILL]
+
+
+def test_a_pool_whose_result_queue_lock_a_dead_worker_holds_is_left(monkeypatch):
+    # A worker ended by terminate while it handed over a result leaves the result
+    # queue's lock taken: the pool's task thread then waits for it forever.
+    monkeypatch.setattr(runner, "TERMINATE_WAIT", 1.0)
+    pool = multiprocessing.get_context("fork").Pool(1)
+    assert pool.apply(os.getpid) != os.getpid()
+    held = pool._outqueue._wlock
+    held.acquire()
+    try:
+        ending = threading.Thread(target=runner.end_pool, args=(pool, False), daemon=True)
+        ending.start()
+        ending.join(timeout=60)
+        assert not ending.is_alive(), "the parent waited for the pool's threads"
+    finally:
+        held.release()  # and they end

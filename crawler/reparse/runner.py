@@ -457,7 +457,10 @@ def end_pool(pool, finished: bool) -> None:
     error, an interrupt). Terminating idle workers raced with them on the task queue's
     lock, and once in a few thousand pools the parent waited forever. A worker that
     outlives ``terminate`` (its SIGTERM came before it could act on one) is killed
-    after ``TERMINATE_WAIT`` seconds rather than waited for."""
+    after ``TERMINATE_WAIT`` seconds rather than waited for. A worker ended while it
+    handed over a result leaves the result queue's lock taken for good, and the pool's
+    own threads wait for it forever: the parent waits for them no longer than
+    ``TERMINATE_WAIT`` more, and leaves them (daemon threads) to its exit."""
     if finished:
         pool.close()
         pool.join()
@@ -466,11 +469,19 @@ def end_pool(pool, finished: bool) -> None:
     stragglers = threading.Timer(TERMINATE_WAIT, _kill, (workers,))
     stragglers.daemon = True
     stragglers.start()
+    ending = threading.Thread(target=_terminate, args=(pool,), daemon=True)
     try:
-        pool.terminate()
-        pool.join()
+        ending.start()
+        ending.join(2 * TERMINATE_WAIT)
     finally:
         stragglers.cancel()
+    if ending.is_alive():
+        logger.warning("Re-parse pool's threads did not end (a worker ended holding a lock)")
+
+
+def _terminate(pool) -> None:
+    pool.terminate()
+    pool.join()
 
 
 def _kill(workers) -> None:
