@@ -383,6 +383,11 @@ class DemoSite:
 
 
 class _Server(ThreadingHTTPServer):
+    # socketserver's default backlog is 5: crawls opening more connections at once
+    # than that lose their SYNs, and the kernel sends them again 1, 3, 7, 15, 31 s
+    # later, so a few pages take tens of seconds for no fault of the crawl's.
+    request_queue_size = 1024
+
     def handle_error(self, request, client_address) -> None:
         # A crawl killed mid-request drops its connections: not the site's error.
         if not isinstance(sys.exc_info()[1], ConnectionError):
