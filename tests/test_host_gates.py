@@ -111,3 +111,30 @@ def test_asks_gather_for_a_moment_into_one_call(rig):
     assert len(calls.made) == 2
     clock.advance(0.1)
     assert calls.made[-1] == ("release", 1, 0)
+
+
+def test_places_left_idle_while_requests_wait_for_a_slot_are_counted(rig):
+    """While requests wait at the gates for the hub's answer and places among
+    ``max_in_flight`` are free, the free places (no more than the requests waiting)
+    are counted in place-seconds; once the answer lets them go, nothing more is."""
+    gates, calls, clock, runner = rig
+    gates.max_in_flight = 3
+    went: dict[str, Any] = {}
+
+    def wait(key: str) -> None:
+        gates.wait(key, f"http://{key}/", 0.0, 1, lambda slot: went.setdefault(key, slot))
+
+    runner.hold = True
+    wait("a.test")  # its call goes out
+    clock.advance(1.0)
+    wait("b.test")  # its ask waits for that call
+    clock.advance(0.5)
+    runner.held.pop(0)()  # a.test goes; b.test's call goes out
+    assert sorted(went) == ["a.test"]
+    clock.advance(0.5)
+    runner.finish()
+    assert sorted(went) == ["a.test", "b.test"]
+    assert gates.idle_seconds == pytest.approx(1 * 1.0 + 2 * 0.5 + 1 * 0.5)
+    clock.advance(2.0)
+    gates.done("a.test", went["a.test"])
+    assert gates.idle_seconds == pytest.approx(2.5)  # nothing waited: nothing idle

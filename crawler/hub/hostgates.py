@@ -184,6 +184,11 @@ class HostGates:
         self.in_flight = 0
         self.max_in_flight = 0
         self._blocked: dict[str, None] = {}
+        # Places among max_in_flight left empty while requests waited here for a slot
+        # or a send time (one that had both would have gone), in place-seconds: what
+        # the gates cost the crawl's fetching, beside the CPU.
+        self.idle_seconds = 0.0
+        self._counted_at: float | None = None
 
     # --- requests -------------------------------------------------------------------
     def wait(
@@ -211,6 +216,7 @@ class HostGates:
         if self.stopping:
             go(None)
             return
+        self._count_idle()
         gate.waiters.append((url, go_once))
         self.parked += 1
         self._dispatch(gate)
@@ -224,6 +230,7 @@ class HostGates:
 
     def done(self, key: str, slot: _Slot) -> None:
         """The request that went through *slot* has finished."""
+        self._count_idle()
         slot.busy = False
         slot.idle_since = self.clock.now()
         self.in_flight -= 1
@@ -268,6 +275,7 @@ class HostGates:
     def _dispatch(self, gate: _Gate) -> None:
         if self.closed:
             return
+        self._count_idle()
         now = self.clock.now()
         wake: float | None = None
         while gate.waiters:
@@ -304,6 +312,15 @@ class HostGates:
         else:
             self._wake_at(gate, linger)
             self._episode_over(gate, now)
+
+    def _count_idle(self) -> None:
+        """Add the idle places since the last change of ``parked`` or ``in_flight``
+        (every change goes through :meth:`wait`, :meth:`done` or :meth:`_dispatch`)."""
+        now = self.clock.now()
+        if self._counted_at is not None and self.max_in_flight > 0 and self.parked:
+            free = min(self.max_in_flight - self.in_flight, self.parked)
+            self.idle_seconds += max(free, 0) * (now - self._counted_at)
+        self._counted_at = now
 
     def _room(self) -> bool:
         return self.max_in_flight <= 0 or self.in_flight < self.max_in_flight
@@ -553,6 +570,7 @@ class HostGates:
         """The crawl is closing: requests waiting for a slot are called with none at once
         (they were never sent: the next run fetches them), and so is any that asks from
         now on; requests in flight keep their slots until they end."""
+        self._count_idle()
         self.stopping = True
         now = self.clock.now()
         waiting: list[Callable[[Any], None]] = []
