@@ -7,7 +7,7 @@ serves.
 
 Crawl: ``--procs`` ``scrapy crawl site`` processes share a list of ``--hosts`` host
 names with one page each, no delay (politeness is not the bottleneck), every name
-resolved to one local demo site (tests/loopback_resolver.py). ``--rounds`` pairs of
+resolved to one local nginx (tests/loopback_resolver.py). ``--rounds`` pairs of
 rounds, the host budget on (``HOST_BUDGET_ENABLED``, a PostgreSQL hub at PG_TEST_URL,
 else a SQLite one) and off, off first in odd pairs and on first in even ones. Per pair:
 the ratio on/off of pages/s, counted from the first to the last ``ok`` line of all the
@@ -42,7 +42,6 @@ import random
 import re
 import resource
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -60,12 +59,6 @@ ROOT = Path(__file__).resolve().parent.parent
 PG_URL = os.environ.get("PG_TEST_URL", "postgresql://postgres@127.0.0.1:5432/test")
 CONCURRENCY = 16  # CONCURRENT_REQUESTS of each crawl
 BATCH = 20  # hosts per take, as a crawl process asks for the hosts waiting together
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
@@ -374,18 +367,22 @@ def describe(r: Round, hosts: int) -> str:
 def bench_crawl(
     hosts: int, procs: int, rounds: int, keep: Path, spy: str | None = None
 ) -> list[str]:
+    from benchmarks.bench_cluster import Nginx
+
     names = [f"h{n:05d}.bench.test" for n in range(hosts)]
-    port = _free_port()
-    site = subprocess.Popen([sys.executable, "-m", "demo.site", "--port", str(port)], cwd=ROOT,
-                            env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     made = _pg_schema()
     ratios: list[float] = []
     steady: list[float] = []
     cpus: list[float] = []
-    try:
-        time.sleep(1.5)
-        with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
-            workdir = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="bench-hosts-") as tmp:
+        workdir = Path(tmp)
+        # nginx, as for the crawl benchmarks: a Python site sharing the 2 cores with 8
+        # crawls stalled now and then for seconds, and a round's last pages set its rate.
+        (workdir / "nginx").mkdir()
+        site = Nginx(workdir / "nginx")
+        site.start()
+        port = int(site.base.rsplit(":", 1)[1])
+        try:
             hub = made[0] if made else f"sqlite:///{workdir}/hub.db"
             for r in range(rounds):
                 # Off first in odd pairs, on first in even ones: a load that rises or
@@ -406,10 +403,9 @@ def bench_crawl(
                     f"    {describe(off, hosts)}\n    {describe(on_, hosts)}"
                 )
                 print(line, flush=True)
-    finally:
-        site.terminate()
-        site.wait(timeout=30)
-        _drop(made)
+        finally:
+            site.stop()
+            _drop(made)
     return [
         f"{procs} processes, {hosts:,} hosts x 1 page, no delay, "
         f"{'postgresql' if made else 'sqlite'} hub: median on/off over {rounds} pairs "
