@@ -20,6 +20,22 @@ from spiders.site import SiteSpider
 from tests.conftest import project_settings, write_urls
 
 
+class WatchesScheduler:
+    """Mixed into a spider: notes in ``most_scheduled`` the most requests the scheduler
+    held at once."""
+
+    @classmethod
+    def from_crawler(cls, crawler, *args, **kwargs):
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        spider.most_scheduled = 0
+        crawler.signals.connect(spider.scheduled, signal=scrapy.signals.request_scheduled)
+        return spider
+
+    def scheduled(self, request, spider):
+        held = len(self.crawler.engine.scheduler)
+        self.most_scheduled = max(self.most_scheduled, held)
+
+
 class OnePage(scrapy.Spider):
     """Holds no file open, so that a crawl refused at start leaves nothing open behind."""
 

@@ -311,26 +311,16 @@ async def test_start_requests_are_read_ahead_while_requests_wait_at_the_gates(tm
     Scrapy's engine then reads one start request per reactor turn: the crawl reads on
     until twice CONCURRENT_REQUESTS wait in the scheduler, so that the gates have the
     next requests to ask slots for. Every URL is stored all the same."""
-    import scrapy
     from scrapy.utils.defer import deferred_from_coro
 
     from crawler.hub import Hub
     from crawler.hub.hostbudget import HostAsk, HostBudgetStore
     from spiders.site import SiteSpider
     from tests.conftest import write_urls
-    from tests.crawls import crawl
+    from tests.crawls import WatchesScheduler, crawl
 
-    class Watched(SiteSpider):
-        @classmethod
-        def from_crawler(cls, crawler, *args, **kwargs):
-            spider = super().from_crawler(crawler, *args, **kwargs)
-            spider.most_scheduled = 0
-            crawler.signals.connect(spider.scheduled, signal=scrapy.signals.request_scheduled)
-            return spider
-
-        def scheduled(self, request, spider):
-            held = len(self.crawler.engine.scheduler)
-            self.most_scheduled = max(self.most_scheduled, held)
+    class Watched(WatchesScheduler, SiteSpider):
+        pass
 
     hub_url = f"sqlite:///{tmp_path}/hub.db"
     with HostServers(["held.test"], latency=0.02) as hosts:

@@ -9,6 +9,7 @@ from scrapy.utils.test import get_crawler
 
 from extensions.storage import CACHED_FLAG
 from tests.conftest import project_settings
+from tests.crawls import WatchesScheduler
 
 
 class Recorder(scrapy.Spider):
@@ -54,19 +55,8 @@ async def test_a_replayed_page_is_the_response_the_crawl_saw(site, data_dir):
     assert second.stats.get_value("catalog/cache_hits") == 2
 
 
-class SchedulerWatch(Recorder):
+class SchedulerWatch(WatchesScheduler, Recorder):
     """Notes the most requests the scheduler held at once."""
-
-    @classmethod
-    def from_crawler(cls, crawler, *args, **kwargs):
-        spider = super().from_crawler(crawler, *args, **kwargs)
-        spider.most_scheduled = 0
-        crawler.signals.connect(spider.scheduled, signal=scrapy.signals.request_scheduled)
-        return spider
-
-    def scheduled(self, request, spider):
-        held = len(self.crawler.engine.scheduler)
-        self.most_scheduled = max(self.most_scheduled, held)
 
 
 @deferred_f_from_coro_f
