@@ -41,7 +41,7 @@ from crawler.hub.hostbudget import HostBudgetStore
 from crawler.hub.hostgates import GateConfig, GateEvents, HostGates, WaitEpisode
 from crawler.signals import FINAL_OUTCOME
 from crawler.storage.actionlog import Outcome
-from middlewares.proxy_lease import META_LABEL, _HubThread, _ReactorClock
+from middlewares.proxy_lease import META_LABEL, ProxyLeaseMiddleware, _HubThread, _ReactorClock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -198,6 +198,7 @@ class HostBudgetMiddleware:
         # slot, or for room among CONCURRENT_REQUESTS once it had one).
         self._waited = 0
         self._wait_seconds = 0.0
+        self._proxies: ProxyLeaseMiddleware | None = None
         self.gates = HostGates(
             store,
             self.holder,
@@ -237,6 +238,7 @@ class HostBudgetMiddleware:
         if hasattr(downloader, "parking"):
             downloader.parking = self.gates
             self.gates.max_in_flight = downloader.total_concurrency
+        self._proxies = self.crawler.get_downloader_middleware(ProxyLeaseMiddleware)
         self._stop_waiting_when_closing()
         self.gates.start()
 
@@ -300,7 +302,27 @@ class HostBudgetMiddleware:
 
     # --- requests -------------------------------------------------------------------
     async def process_request(self, request: Request) -> None:
-        key = self.key_of(request)
+        while True:
+            key = self.key_of(request)
+            slot, waited = await self._slot(request, key)
+            if not waited or self._proxies is None:
+                break
+            # Its proxy lease was given before it waited here, and may have run out
+            # meanwhile (the hub away): it takes another, then asks again for a slot
+            # (of another key, if the budget is per proxy) rather than go late on this one.
+            try:
+                renewed = await self._proxies.refresh(request)
+            except BaseException:
+                self.gates.done(key, slot)
+                raise
+            if not renewed:
+                break
+            self.gates.done(key, slot)
+        request.meta[META_SLOT] = (key, slot)
+        self.crawler.stats.inc_value("host/requests")
+
+    async def _slot(self, request: Request, key: str) -> tuple[Any, bool]:
+        """Wait for a slot of *key* for *request*: (the slot, whether it had to wait)."""
         host = urlparse_cached(request).hostname or ""
         interval, why = max(
             (self.config.delay, "DOWNLOAD_DELAY"),
@@ -326,8 +348,7 @@ class HostBudgetMiddleware:
             # Never sent: no action line (the next run fetches it), no "Gave up".
             request.meta[FINAL_OUTCOME] = "not_sent"
             raise NotSent("the spider is closing: no host slots any more")
-        request.meta[META_SLOT] = (key, slot)
-        self.crawler.stats.inc_value("host/requests")
+        return slot, waited
 
     def process_response(self, request: Request, response: Response) -> Response:
         self._finished(request, response)

@@ -13,7 +13,9 @@ page does not ban the proxy that fetched it.
 The lease state machine is :class:`crawler.hub.leases.LeasePool`; this middleware is
 its Scrapy side: settings, request meta, ban verdicts, retries, stats and logs. Every
 blocking hub call runs in one dedicated thread, never on the reactor thread.
-Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's lease.
+Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's lease, and
+one that held a request after this middleware gave it a lease asks
+:meth:`ProxyLeaseMiddleware.refresh` before letting it go.
 
 Longer than most modules here: beside the middleware live the pieces that tie the lease
 pool to Scrapy and Twisted, each too small for a module of its own: the ``PROXY_*`` settings
@@ -525,6 +527,18 @@ class ProxyLeaseMiddleware:
         """The lease this attempt of *request* goes through, or None (direct, or done)."""
         token = request.meta.get(META_TOKEN)
         return self.pool.lease_of(token) if token is not None else None
+
+    async def refresh(self, request: Request) -> bool:
+        """Give *request* another lease when it may no longer be sent on its own: it
+        waited since it was given it (for its host's slot) past what the lease was known
+        to last, the hub being away. True if it was given another (maybe another proxy);
+        IgnoreRequest once the pool is closed."""
+        token = request.meta.get(META_TOKEN)
+        if token is None or self.pool.sendable(token):
+            return False
+        self.stats.inc_value("proxy/leases_outlived")
+        await self.process_request(request)
+        return True
 
     # --- requests -----------------------------------------------------------------
     async def process_request(self, request: Request) -> None:

@@ -2,6 +2,8 @@
 
 The hub is a cluster of the test's own (tests/pg_cluster.py), stopped mid-crawl for
 longer than a lease lives and started again; three real tinyproxies carry the requests.
+Requests wait at their host's gate after they are given a lease, and the host's slots
+outlive the leases: those released once the leases ran out must not go on them.
 What a proxy's own log says it forwarded is checked against the leases the hub recorded.
 """
 
@@ -34,8 +36,10 @@ SETTINGS = {
     "PROXY_REST_SECONDS": 0,
     "PROXY_POLL_SECONDS": 0.5,
     "PROXY_LEASES_PER_PROCESS": 2,
-    "CONCURRENT_REQUESTS": 4,
-    "DOWNLOAD_DELAY": 0.2,  # per proxy: the crawl lasts longer than the outage
+    # Up to twice CONCURRENT_REQUESTS wait at the host's gate, one going every
+    # DOWNLOAD_DELAY: a request waits there longer than a lease is chosen to last for.
+    "CONCURRENT_REQUESTS": 16,
+    "DOWNLOAD_DELAY": 0.2,  # the crawl lasts longer than the outage
     "ROBOTSTXT_OBEY": False,
 }
 

@@ -323,6 +323,27 @@ def test_heartbeat_renews_leases_and_reports_usage(hub):
     assert blocked.attempt.lease.lease_id == first.attempt.lease.lease_id
 
 
+def test_an_attempt_that_waited_past_its_leases_renewals_may_not_be_sent(hub):
+    """An attempt kept elsewhere after take (at its host's gate) while renewals fail
+    must not go out once its lease may have run out: sendable says so; a new take waits
+    for a renewal that comes back."""
+    add_proxies(hub, 1)
+    r = rig(hub, lease_ttl=8.0, heartbeat=2.0, rotate_every=100, leases_per_process=1)
+    parked = r.take()
+    assert r.pool.sendable(parked.token)
+    r.runner.hold = True  # the hub stops answering: the next renewal hangs
+    r.clock.advance(5.9)
+    assert r.pool.sendable(parked.token), "still a quarter of its TTL ahead"
+    r.clock.advance(0.2)
+    assert not r.pool.sendable(parked.token)
+    assert r.take().attempt is None, "and no other request is given it"
+    r.runner.finish()
+    r.clock.advance(2.0)
+    assert r.pool.sendable(parked.token), "renewed"
+    r.pool.finish(parked.token)
+    assert not r.pool.sendable(parked.token), "a finished attempt is not sent"
+
+
 # --- waiting ---------------------------------------------------------------------------------
 def test_waits_for_a_proxy_another_holder_releases(hub):
     add_proxies(hub, 1)

@@ -308,6 +308,16 @@ class LeasePool:
         self._maybe_release(held)
         return Finished(LeaseView(held), newly_banned)
 
+    def sendable(self, token: int) -> bool:
+        """Whether an attempt may still be sent on its lease: it is neither lost, banned
+        nor being released, and lasts as :meth:`take` promised. A request that waited
+        after it was given its lease (for its host's slot) can outlive that promise
+        while the hub is away and renewals fail."""
+        held = self._attempts.get(token)
+        if held is None or held.lost or held.releasing or held.draining == "banned":
+            return False
+        return self._lasts(held, self.clock.now())
+
     def drop(self, token: int) -> bool:
         """End an attempt (once) without counting it: its outcome never came back (a
         retried copy of its request arrived first)."""
@@ -349,10 +359,14 @@ class LeasePool:
             return
         self._wait(w)
 
+    def _lasts(self, held: _Held, now: float) -> bool:
+        """Whether *held* is known to live long enough for a request given it now to be
+        sent and answered: a quarter of the TTL before its deadline."""
+        return now < held.deadline - self.config.lease_ttl / 4
+
     def _choose(self, avoid: Collection[int]) -> _Held | None:
         now = self.clock.now()
-        margin = self.config.lease_ttl / 4
-        usable = [h for h in self._leases.values() if h.alive and now < h.deadline - margin]
+        usable = [h for h in self._leases.values() if h.alive and self._lasts(h, now)]
         preferred = [h for h in usable if h.lease.proxy_id not in avoid] or usable
         if not preferred:
             return None
