@@ -238,9 +238,35 @@ class HostBudgetMiddleware:
         if hasattr(downloader, "parking"):
             downloader.parking = self.gates
             self.gates.max_in_flight = downloader.total_concurrency
+            self._read_start_requests_ahead(2 * downloader.total_concurrency)
         self._proxies = self.crawler.get_downloader_middleware(ProxyLeaseMiddleware)
         self._stop_waiting_when_closing()
         self.gates.start()
+
+    def _read_start_requests_ahead(self, ahead: int) -> None:
+        # Scrapy's engine reads the next start request only once the one before was
+        # handed to the downloader (a reactor turn each), unless the downloader backs
+        # out, when it reads on. Parked requests seldom make it back out, so a list
+        # crawl was fed one request a turn and its fetch places waited for the hub
+        # (the scheduler empty, a fifth of the places idle: docs/benchmarks.md). The
+        # engine waits for that turn through its slot's nextcall.wait() alone: while
+        # fewer than *ahead* requests are scheduled, it reads on.
+        slot = getattr(self.crawler.engine, "_slot", None)
+        nextcall = getattr(slot, "nextcall", None)
+        scheduler = getattr(slot, "scheduler", None)
+        wait = getattr(nextcall, "wait", None)
+        if (
+            wait is None
+            or not inspect.iscoroutinefunction(wait)
+            or not hasattr(scheduler, "__len__")
+        ):
+            return
+
+        async def wait_unless_short() -> None:
+            if len(scheduler) >= ahead:
+                await wait()
+
+        nextcall.wait = wait_unless_short
 
     def _stop_waiting_when_closing(self) -> None:
         # A closing engine waits for every request it handed to the downloader: those

@@ -303,3 +303,45 @@ async def stop_once_fetching(urls, data_dir, settings, server) -> None:
         await asyncio.sleep(0.05)
     await crawler.stop_async()
     await running
+
+
+@pytest_twisted.ensureDeferred
+async def test_start_requests_are_read_ahead_while_requests_wait_at_the_gates(tmp_path):
+    """Requests parked at their host's gate do not make the downloader back out, and
+    Scrapy's engine then reads one start request per reactor turn: the crawl reads on
+    until twice CONCURRENT_REQUESTS wait in the scheduler, so that the gates have the
+    next requests to ask slots for. Every URL is stored all the same."""
+    from scrapy.utils.defer import deferred_from_coro
+
+    from crawler.hub import Hub
+    from crawler.hub.hostbudget import HostAsk, HostBudgetStore
+    from spiders.site import SiteSpider
+    from tests.conftest import write_urls
+    from tests.crawls import WatchesScheduler, crawl
+
+    class Watched(WatchesScheduler, SiteSpider):
+        pass
+
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    with HostServers(["held.test"], latency=0.02) as hosts:
+        urls = hosts.urls("held.test", 6)
+        # Another process holds the host a moment: every request waits at its gate.
+        with Hub.open(hub_url) as hub:
+            (taken,) = HostBudgetStore.open(hub).take(
+                [HostAsk("held.test", 0, 1)], "another process", 2.0
+            )
+        assert taken.slots
+        settings = {
+            **hosts.settings(),
+            **QUIET,
+            "HUB_URL": hub_url,
+            "CONCURRENT_REQUESTS": 4,
+            "ROBOTSTXT_OBEY": False,
+        }
+        listed = write_urls(tmp_path / "urls.txt", urls)
+        with hosts.resolving():
+            crawler = await deferred_from_coro(
+                crawl(Watched, tmp_path / "data0", settings, urls=str(listed))
+            )
+    assert crawler.spider.most_scheduled >= 3
+    assert stored(tmp_path / "data0") == set(urls)
