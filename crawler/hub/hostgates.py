@@ -572,37 +572,19 @@ class HostGates:
         now on; requests in flight keep their slots until they end."""
         self._count_idle()
         self.stopping = True
-        now = self.clock.now()
-        waiting: list[Callable[[Any], None]] = []
-        for gate in list(self._gates.values()):
-            if gate.timer is not None and gate.timer.active():
-                gate.timer.cancel()
-                gate.timer = None
-            waiting.extend(go for _, go in gate.waiters)
-            self.parked -= len(gate.waiters)
-            gate.waiters.clear()
-            self._episode_over(gate, now)
-        self._blocked.clear()
-        for go in waiting:
+        for go in self._take_waiters(self.clock.now()):
             go(None)
 
     def close(self, done: Callable[[], None]) -> None:
         """Release every slot; *done* once the hub has been told (or failed to be).
         Requests still waiting are called with no slot."""
         now = self.clock.now()
-        waiting: list[Callable[[Any], None]] = []
+        waiting = self._take_waiters(now)
         releases = self._releases
         self._releases = []
-        for gate in list(self._gates.values()):
-            if gate.timer is not None and gate.timer.active():
-                gate.timer.cancel()
-            waiting.extend(go for _, go in gate.waiters)
-            gate.waiters.clear()
-            self._episode_over(gate, now)
+        for gate in self._gates.values():
             releases.extend(s.release_item(now) for s in gate.slots)
             gate.slots = []
-        self.parked = 0
-        self._blocked.clear()
         if self._beat is not None and self._beat.active():
             self._beat.cancel()
         if self._batch_timer is not None and self._batch_timer.active():
@@ -615,6 +597,21 @@ class HostGates:
         self._flush()
         for go in waiting:
             go(None)
+
+    def _take_waiters(self, now: float) -> list[Callable[[Any], None]]:
+        """Every waiting request's callback, taken from its gate (whose timer stops and
+        whose wait episode is told); the caller calls them once its state is settled."""
+        waiting: list[Callable[[Any], None]] = []
+        for gate in list(self._gates.values()):  # a told episode may end its gate
+            if gate.timer is not None and gate.timer.active():
+                gate.timer.cancel()
+            gate.timer = None
+            waiting.extend(go for _, go in gate.waiters)
+            self.parked -= len(gate.waiters)
+            gate.waiters.clear()
+            self._episode_over(gate, now)
+        self._blocked.clear()
+        return waiting
 
     @property
     def waiting(self) -> int:
