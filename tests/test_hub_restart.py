@@ -18,6 +18,7 @@ from datetime import datetime
 import pytest
 
 from crawler.hub import Hub, ProxyPool
+from crawler.hub.hostbudget import HostBudgetStore
 from tests import launcher
 from tests.checks import response_records
 from tests.conftest import ROOT, crawl_command, crawl_env, start_crawl, write_urls
@@ -81,13 +82,15 @@ def forwarded(proxy: TinyProxy) -> list[float]:
     return times
 
 
+@pytest.mark.parametrize("per_proxy", [False, True], ids=["host-budget", "host-proxy-budget"])
 def test_crawl_waits_for_a_restarted_hub_and_never_uses_an_unproved_lease(
-    site, tmp_path, data_dir, cluster, proxies
+    site, tmp_path, data_dir, cluster, proxies, per_proxy
 ):
     with Hub.open(cluster.url) as hub:
         ProxyPool(hub).add([proxy.url for proxy in proxies])
     urls = [f"{site.base_url}/page/{n}.html" for n in range(PAGES)]
-    args = [f"HUB_URL={cluster.url}"] + [f"{k}={v}" for k, v in SETTINGS.items()]
+    settings = {**SETTINGS, "HOST_BUDGET_PER_PROXY": per_proxy}
+    args = [f"HUB_URL={cluster.url}"] + [f"{k}={v}" for k, v in settings.items()]
     log_path = tmp_path / "crawl.log"
     crawl = start_crawl(
         write_urls(tmp_path / "urls.txt", urls),
@@ -134,6 +137,8 @@ def test_crawl_waits_for_a_restarted_hub_and_never_uses_an_unproved_lease(
         usage = defaultdict(list)
         for row in pool.usage():
             usage[row.proxy_id].append((row.started, row.ended or float("inf")))
+        budgets = {state.key for state in HostBudgetStore.open(hub).hosts()}
+    assert all((" via " in key) == per_proxy for key in budgets), budgets
     slack = 0.002  # tinyproxy logs milliseconds
     sent = Counter()
     for proxy in proxies:
