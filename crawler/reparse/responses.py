@@ -7,6 +7,14 @@ from scrapy.responsetypes import responsetypes
 
 from crawler.storage.records import StoredRecord
 
+# What Scrapy's responsetypes reads of the headers to choose a response class.
+_CONTENT_HEADERS = frozenset({"content-type", "content-encoding", "content-disposition"})
+# The class each set of those headers gives, when the headers alone decide it: asking
+# responsetypes took a second Headers built per response (a re-parse builds thousands
+# of responses a second). Bounded: a Content-Disposition can name a file per page.
+_CLASSES: dict[tuple[tuple[str, str], ...], type[Response]] = {}
+_MOST_CLASSES = 256
+
 
 def wire(text: str) -> bytes:
     """A header name or value as the bytes that came over the wire."""
@@ -16,20 +24,34 @@ def wire(text: str) -> bytes:
         return text.encode("utf-8")
 
 
+def response_class(stored: StoredRecord, pairs: list[tuple[bytes, bytes]]) -> type[Response]:
+    """The class ``responsetypes`` gives the stored response (``pairs``: its headers
+    as bytes)."""
+    key = tuple((n.lower(), v) for n, v in stored.headers if n.lower() in _CONTENT_HEADERS)
+    cls = _CLASSES.get(key)
+    if cls is not None:
+        return cls
+    headers = Headers(pairs)
+    cls = responsetypes.from_headers(headers)
+    if cls is Response:  # the URL or the body decides: asked for each response
+        return responsetypes.from_args(headers=headers, url=stored.url, body=stored.body)
+    if len(_CLASSES) < _MOST_CLASSES:
+        _CLASSES[key] = cls
+    return cls
+
+
 def build_response(
     stored: StoredRecord, request: Request, flags: list[str] | None = None
 ) -> Response:
     """The response the crawl saw: same class, url, status, headers and body."""
-    headers = Headers()
-    for name, value in stored.headers:
-        # Stored headers are the wire's bytes read as latin-1 (as warcio and FastWARC
-        # read them); Scrapy would encode a str as UTF-8.
-        headers.appendlist(wire(name), wire(value))
-    cls = responsetypes.from_args(headers=headers, url=stored.url, body=stored.body)
-    return cls(
+    # Stored headers are the wire's bytes read as latin-1 (as warcio and FastWARC read
+    # them); Scrapy would encode a str as UTF-8. The response builds its Headers from
+    # these pairs, once.
+    pairs = [(wire(name), wire(value)) for name, value in stored.headers]
+    return response_class(stored, pairs)(
         url=stored.url,
         status=stored.status,
-        headers=headers,
+        headers=pairs,
         body=stored.body,
         request=request,
         flags=flags or [],
