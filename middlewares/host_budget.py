@@ -331,19 +331,15 @@ class HostBudgetMiddleware:
         while True:
             key = self.key_of(request)
             slot, waited = await self._slot(request, key)
-            if not waited or self._proxies is None:
+            if not waited or self._proxies is None or self._proxies.sendable(request):
                 break
-            # Its proxy lease was given before it waited here, and may have run out
-            # meanwhile (the hub away): it takes another, then asks again for a slot
-            # (of another key, if the budget is per proxy) rather than go late on this one.
-            try:
-                renewed = await self._proxies.refresh(request)
-            except BaseException:
-                self.gates.done(key, slot)
-                raise
-            if not renewed:
-                break
+            # Its proxy lease was given before it waited here and may not be used any
+            # more (run out while the hub was away, or banned meanwhile). The slot goes
+            # back first: requests still waiting here with that lease must be able to
+            # go and end it, or no other lease comes. Then another lease, and a slot
+            # again (of another key, if the budget is per proxy).
             self.gates.done(key, slot)
+            await self._proxies.refresh(request)
         request.meta[META_SLOT] = (key, slot)
         self.crawler.stats.inc_value("host/requests")
 

@@ -15,7 +15,7 @@ its Scrapy side: settings, request meta, ban verdicts, retries, stats and logs. 
 blocking hub call runs in one dedicated thread, never on the reactor thread.
 Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's lease, and
 one that held a request after this middleware gave it a lease asks
-:meth:`ProxyLeaseMiddleware.refresh` before letting it go.
+:meth:`ProxyLeaseMiddleware.sendable` before letting it go (and ``refresh`` if not).
 
 Longer than most modules here: beside the middleware live the pieces that tie the lease
 pool to Scrapy and Twisted, each too small for a module of its own: the ``PROXY_*`` settings
@@ -528,17 +528,18 @@ class ProxyLeaseMiddleware:
         token = request.meta.get(META_TOKEN)
         return self.pool.lease_of(token) if token is not None else None
 
-    async def refresh(self, request: Request) -> bool:
-        """Give *request* another lease when it may no longer be sent on its own: it
-        waited since it was given it (for its host's slot) past what the lease was known
-        to last, the hub being away. True if it was given another (maybe another proxy);
-        IgnoreRequest once the pool is closed."""
+    def sendable(self, request: Request) -> bool:
+        """Whether *request* may still go on the lease it was given (True if it has
+        none): one held back since (for its host's slot) may have outlived the lease,
+        the hub being away, or seen it banned."""
         token = request.meta.get(META_TOKEN)
-        if token is None or self.pool.sendable(token):
-            return False
-        self.stats.inc_value("proxy/leases_outlived")
+        return token is None or self.pool.sendable(token)
+
+    async def refresh(self, request: Request) -> None:
+        """Give *request* another lease in place of one it may not go on (see
+        :meth:`sendable`); IgnoreRequest once the pool is closed."""
+        self.stats.inc_value("proxy/leases_retaken")
         await self.process_request(request)
-        return True
 
     # --- requests -----------------------------------------------------------------
     async def process_request(self, request: Request) -> None:

@@ -4,6 +4,7 @@ job's settings as they change."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -113,7 +114,11 @@ def test_a_running_crawl_follows_its_jobs_settings(site, tmp_path, data_dir):
             assert changed.returncode == 0, changed.stderr
             wait_for_log(log_path, "CONCURRENT_REQUESTS '4' -> '1' (applied live)", crawl)
             site.release()
-            assert crawl.wait(timeout=300) == 0, log_path.read_text()[-5000:]
+            try:
+                status = crawl.wait(timeout=300)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"the crawl did not end:\n{log_path.read_text()[-8000:]}")
+            assert status == 0, log_path.read_text()[-5000:]
         finally:
             site.release()
             if crawl.poll() is None:

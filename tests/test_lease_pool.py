@@ -326,7 +326,7 @@ def test_heartbeat_renews_leases_and_reports_usage(hub):
 def test_an_attempt_that_waited_past_its_leases_renewals_may_not_be_sent(hub):
     """An attempt kept elsewhere after take (at its host's gate) while renewals fail
     must not go out once its lease may have run out: sendable says so; a new take waits
-    for a renewal that comes back."""
+    for a renewal that comes back. Nor once its lease is banned."""
     add_proxies(hub, 1)
     r = rig(hub, lease_ttl=8.0, heartbeat=2.0, rotate_every=100, leases_per_process=1)
     parked = r.take()
@@ -342,6 +342,11 @@ def test_an_attempt_that_waited_past_its_leases_renewals_may_not_be_sent(hub):
     assert r.pool.sendable(parked.token), "renewed"
     r.pool.finish(parked.token)
     assert not r.pool.sendable(parked.token), "a finished attempt is not sent"
+
+    # Nor one whose lease another attempt found banned while it waited.
+    waiting, banning = r.take(), r.take()
+    r.pool.finish(banning.token, banned=True)
+    assert not r.pool.sendable(waiting.token)
 
 
 # --- waiting ---------------------------------------------------------------------------------
