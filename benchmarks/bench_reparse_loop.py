@@ -16,9 +16,11 @@ Over a corpus of ``--pages`` stored product pages of ~50 KB (built once by
   share of the records).
 
 Each is a whole process (start-up included) timed from outside; its CPU time is that
-of the whole process tree. A case's ratio is its pages/s over the loop's of the same
-round times its number of cores (workers; processes for the loop on every core: its
-scaling); the target is ``>= 0.90``. ``cpu`` is the loop's CPU seconds over the
+of the whole process tree. The loop runs before and after the other cases of each
+round, and counts as the mean of both: the machine's speed drifts within a round. A
+case's ratio is its pages/s over the loop's of the same round times its number of
+cores (workers; processes for the loop on every core: its scaling); the target is
+``>= 0.90``. ``cpu`` is the loop's CPU seconds over the
 case's; several workers are also given over the loop on as many processes.
 ``scaling`` is every core against cores x one worker. Last, the loop and one-worker
 re-parses run in this process, timing the parser's CPU inside each: its share of each
@@ -318,14 +320,30 @@ def run(
         for n in range(rounds):
             load = " ".join(f"{x:.2f}" for x in os.getloadavg())
             say(f"round {n + 1} (load average at its start: {load}):")
-            # Alternating: the loop first, then last, the cases in reverse order.
-            order = todo if n % 2 == 0 else [*reversed(todo[1:]), todo[0]]
-            for case in order:
+            # The loop before and after the cases (in reverse order every other round),
+            # its figures the mean of both: this machine's speed drifts by a fifth
+            # within minutes (the same loop on two processes took 13.5 to 19.7 s of
+            # CPU in three rounds in a row), which a case would otherwise be charged
+            # with. How far the two loop runs differ is printed with each round.
+            loop = todo[0]
+            cases_order = todo[1:] if n % 2 == 0 else list(reversed(todo[1:]))
+            bracket = []
+            for case in [loop, *cases_order, loop]:
                 seconds, cpu = run_case(case, data, out)
+                if case is loop:
+                    bracket.append((pages / seconds, cpu))
+                    continue
                 case.rates.append(pages / seconds)
                 case.cpus.append(cpu)
+            loop.rates.append(statistics.fmean(r for r, _ in bracket))
+            loop.cpus.append(statistics.fmean(c for _, c in bracket))
             round_ratios(todo)
-            for case in todo:
+            first, last = bracket[0][0], bracket[1][0]
+            say(
+                case_line(loop, loop.rates[-1], loop.cpus[-1], slice(-1, None))
+                + f" (before the cases {first:,.0f}, after them {last:,.0f})"
+            )
+            for case in todo[1:]:
                 say(case_line(case, case.rates[-1], case.cpus[-1], slice(-1, None)))
         shares = parser_shares(data, out)
     finally:
