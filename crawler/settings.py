@@ -4,6 +4,8 @@ Every setting of the storage stack is listed here with its default; components r
 them once, in their constructors.
 """
 
+from scrapy.settings import default_settings as _scrapy_defaults
+
 BOT_NAME = "crawler"
 
 SPIDER_MODULES = ["spiders"]
@@ -168,6 +170,15 @@ EXTENSIONS = {
     # AutoThrottle with 304s lowering the delay as 200s do (revalidating crawls).
     "scrapy.extensions.throttle.AutoThrottle": None,
     "extensions.throttle.RevalidationThrottle": 0,
+    # Scrapy's remote control, imported only when REMOTE_CONTROL_ENABLED is on.
+    "extensions.remote_control.RemoteControl": 0,
+}
+# Scrapy's base list without its remote control, whose module imports aiohttp at every
+# crawl's start even when the extension is off (extensions/remote_control.py).
+EXTENSIONS_BASE = {
+    path: order
+    for path, order in _scrapy_defaults.EXTENSIONS_BASE.items()
+    if path != "scrapy.extensions.remote_control.RemoteControl"
 }
 # Seconds between firings of a Twisted timer that lets the reactor drop the timers
 # downloads cancel (extensions/timer_sweep.py); 0: off.
