@@ -52,9 +52,12 @@ def page_blocks(pages: list[str]) -> list[Block]:
 
 
 def user_env() -> dict[str, str]:
-    """The environment of a fresh login shell: no virtualenv, no PYTHONPATH."""
+    """The environment of a fresh login shell: no virtualenv, no PYTHONPATH; the
+    machine's own certificate authorities where it names them (a page's `uvx` fetches
+    its tool from the package index)."""
     env = {"HOME": os.environ["HOME"], "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-    env.update({k: os.environ[k] for k in ("TMPDIR", "USER") if k in os.environ})
+    kept = ("TMPDIR", "USER", "SSL_CERT_FILE", "SSL_CERT_DIR")
+    env.update({k: os.environ[k] for k in kept if k in os.environ})
     return env
 
 

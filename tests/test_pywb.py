@@ -1,16 +1,12 @@
 """The archive replays in pywb, the web archivists' replay tool.
 
-pywb runs from its own virtualenv: its pins (an older cryptography and pyOpenSSL, and
-brotlipy, whose ``brotli`` module would replace the one Scrapy decodes with) would
-break the project's. The venv is built once under a cache directory and reused.
+pywb runs from a virtualenv of its own (``tests.toolvenv``): its pins would break the
+project's.
 """
 
 from __future__ import annotations
 
-import fcntl
-import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -21,7 +17,8 @@ import pytest
 
 from crawler.storage.datadir import DataDir
 from tests.conftest import run_crawl, write_urls
-from tests.servers import free_port, need
+from tests.servers import free_port
+from tests.toolvenv import tool_bin
 
 COLLECTION = "coll"
 # How long a fresh pywb may take to import and index before the test gives up on it
@@ -29,39 +26,10 @@ COLLECTION = "coll"
 STARTUP_LIMIT = 120.0
 
 
-def pywb_venv() -> Path:
-    """Where pywb's own virtualenv lives: PYWB_VENV, or the user's cache directory."""
-    if os.environ.get("PYWB_VENV"):
-        return Path(os.environ["PYWB_VENV"])
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return cache / "research-crawler" / "pywb-venv"
-
-
 @pytest.fixture(scope="session")
 def pywb_bin() -> Path:
     """The bin directory of a virtualenv holding pywb (``wayback``, ``wb-manager``)."""
-    venv = pywb_venv()
-    bin_dir = venv / "bin"
-    try:
-        venv.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        need(f"cannot create {venv.parent} for pywb's virtualenv: {exc}")
-    # Concurrent test runs must not build the same venv at once.
-    with open(venv.parent / "pywb-venv.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (bin_dir / "wayback").exists():
-            steps = [
-                [sys.executable, "-m", "venv", "--clear", str(venv)],
-                [str(bin_dir / "pip"), "install", "-q", "pywb"],
-            ]
-            for step in steps:
-                try:
-                    done = subprocess.run(step, capture_output=True, text=True, timeout=900)
-                except (OSError, subprocess.TimeoutExpired) as exc:
-                    need(f"cannot install pywb into {venv}: {exc}")
-                if done.returncode != 0:
-                    need(f"cannot install pywb into {venv}: {done.stderr.strip()[-500:]}")
-    return bin_dir
+    return tool_bin("pywb", "pywb", "wayback")
 
 
 def fetch(url: str) -> tuple[str, bytes]:

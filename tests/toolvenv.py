@@ -1,0 +1,73 @@
+"""Third-party programs the tests run from virtualenvs of their own (pywb, wacz).
+
+Each would bring libraries the project's processes should not have: pywb pins an older
+cryptography and pyOpenSSL and brings brotlipy, whose ``brotli`` module replaces the one
+Scrapy decodes with; wacz brings pydantic, which itemadapter imports in every process
+that imports it when it is installed (a tenth of a second or more of each crawl's
+start-up). A tool's venv is built once under the user's cache directory, under a lock
+(concurrent runs must not build it at once), with uv where the project's venv has it
+(seconds) and pip otherwise.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.servers import need
+
+
+def tool_venv(name: str) -> Path:
+    """Where tool ``name``'s virtualenv lives: ``<NAME>_VENV``, or the user's cache."""
+    if os.environ.get(f"{name.upper()}_VENV"):
+        return Path(os.environ[f"{name.upper()}_VENV"])
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "research-crawler" / f"{name}-venv"
+
+
+def _steps(venv: Path, package: str) -> list[list[str]]:
+    uv = Path(sys.executable).parent / "uv"
+    if uv.exists():
+        return [
+            [str(uv), "venv", "-q", "--allow-existing", "--python", sys.executable, str(venv)],
+            [str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), package],
+        ]
+    return [
+        [sys.executable, "-m", "venv", "--clear", str(venv)],
+        [str(venv / "bin" / "pip"), "install", "-q", package],
+    ]
+
+
+def tool_bin(name: str, package: str, program: str) -> Path:
+    """The bin directory of tool ``name``'s virtualenv, ``package`` installed in it;
+    ``program`` is what it must hold (the venv is built again when it does not)."""
+    venv = tool_venv(name)
+    bin_dir = venv / "bin"
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        need(f"cannot create {venv.parent} for {name}'s virtualenv: {exc}")
+    with open(venv.parent / f"{name}-venv.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (bin_dir / program).exists():
+            return bin_dir
+        problem = None
+        for step in _steps(venv, package):
+            try:
+                done = subprocess.run(step, capture_output=True, text=True, timeout=900)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                problem = str(exc)
+                break
+            if done.returncode != 0:
+                problem = done.stderr.strip()[-500:]
+                break
+        if problem is None and (bin_dir / program).exists():
+            return bin_dir
+        # A half-built venv would pass for a built one next time.
+        shutil.rmtree(venv, ignore_errors=True)
+        need(f"cannot install {package} into {venv}: {problem or f'no {program} in it'}")
+    raise AssertionError("unreachable")
