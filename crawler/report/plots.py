@@ -11,13 +11,11 @@ import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-import matplotlib
+from crawler.storage.actionlog import OUTCOMES
 
-matplotlib.use("svg")
-import matplotlib.dates as mdates  # noqa: E402 - after choosing the backend
-from matplotlib.figure import Figure  # noqa: E402
-
-from crawler.storage.actionlog import OUTCOMES  # noqa: E402
+# Imported with the first figure (load_matplotlib): over a second of imports that the
+# report's text helpers, and a process merely importing this module, have no use for.
+matplotlib = mdates = Figure = None
 
 COLOURS = {
     "ok": "#2a9d8f",
@@ -34,11 +32,25 @@ WIDE = (7.0, 3.0)
 TIME_LABEL = "time (UTC)"
 
 
+def load_matplotlib() -> None:
+    global matplotlib, mdates, Figure
+    if Figure is not None:
+        return
+    import matplotlib as mpl
+
+    mpl.use("svg")
+    import matplotlib.dates as dates
+    from matplotlib.figure import Figure as MplFigure
+
+    matplotlib, mdates, Figure = mpl, dates, MplFigure
+
+
 class Canvas:
     """One figure whose artists get stable SVG ids, rendered to SVG text."""
 
     def __init__(self, name: str, size: tuple[float, float] = WIDE, rows: int = 1):
         self.name = name
+        load_matplotlib()
         self.figure = Figure(figsize=size, layout="constrained")
         self.axes = self.figure.subplots(rows, 1, squeeze=False)[:, 0]
         self.marks = 0
