@@ -25,7 +25,7 @@ from tests.checks import assert_rows_readable, catalog_rows
 from tests.cmdline import run_scrapy
 from tests.conftest import ROOT
 from tests.crawls import crawl_site, crawled
-from tests.toolvenv import tool_bin
+from tests.toolvenv import wacz_program
 
 BIN = ROOT / ".venv" / "bin"
 
@@ -206,9 +206,7 @@ def test_cdxj_index_equals_cdxj_indexer(crawled, tmp_path):
 
 
 def test_wacz_validates(crawled, tmp_path):
-    # wacz has a venv of its own: it brings pydantic, which the project's processes
-    # would then import at every start (tests.toolvenv).
-    wacz = tool_bin("wacz", "wacz", "wacz") / "wacz"
+    wacz = wacz_program()
     out = tmp_path / "crawl.wacz"
     result = run_scrapy("catalog", "wacz", str(out), "-s", f"DATA_DIR={crawled}")
     assert result.returncode == 0, result.stderr

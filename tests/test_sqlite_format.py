@@ -29,11 +29,11 @@ from crawler.tools.wacz import WaczBuilder
 from slurm.ship import Shipper, merge_shipped
 from tests.checks import assert_rows_readable, catalog_rows, rows_by_url
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import ROOT
 from tests.crawls import crawl_site
 from tests.factories import listed_body, listed_fetch
 from tests.factories import page_fetch as fetch
 from tests.thirdparty import record_problem, sqlite_rows_without_body
+from tests.toolvenv import wacz_program
 
 
 def sqlite3_shell(path: Path, sql: str) -> str:
@@ -180,7 +180,7 @@ async def test_crawl_stores_sqlite_bodies(site, tmp_path, data_dir):
     out = tmp_path / "crawl.wacz"
     WaczBuilder(data_dir, out).run()
     check = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "wacz"), "validate", "-f", str(out)],
+        [str(wacz_program()), "validate", "-f", str(out)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -71,3 +71,8 @@ def tool_bin(name: str, package: str, program: str) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         need(f"cannot install {package} into {venv}: {problem or f'no {program} in it'}")
     raise AssertionError("unreachable")
+
+
+def wacz_program() -> Path:
+    """The ``wacz`` program (``wacz validate`` checks what ``scrapy catalog wacz`` writes)."""
+    return tool_bin("wacz", "wacz", "wacz") / "wacz"
