@@ -81,12 +81,14 @@ def test_tasks_of_different_speed_share_the_queue(slurm_cluster, site, tmp_path,
     urls = slow_urls(site, 4000, 40, ms=50)
     url_file = write_urls(tmp_path / "urls.txt", urls)
     # Two submissions of the same queue, one slowed by a per-request delay; each its
-    # own data directory, so that each merges its own share.
+    # own data directory, so that each merges its own share. The slow one first: on a
+    # loaded machine the fast one, submitted first, once took every batch before the
+    # slow one's task had started.
     fast, slow = tmp_path / "fast", tmp_path / "slow"
-    a_fast, m_fast = submit_queue(slurm_cluster, url_file, fast, tmp_path, hub_url, "speed",
-                                  FAST, batch=4)  # fmt: skip
     a_slow, m_slow = submit_queue(slurm_cluster, url_file, slow, tmp_path, hub_url, "speed",
                                   SLOW, batch=4)  # fmt: skip
+    a_fast, m_fast = submit_queue(slurm_cluster, url_file, fast, tmp_path, hub_url, "speed",
+                                  FAST, batch=4)  # fmt: skip
     for array, data in ((a_fast, fast), (a_slow, slow)):
         assert slurm_cluster.wait_done(array, timeout=150) == ["COMPLETED"], logs(data)
     for merge, data in ((m_fast, fast), (m_slow, slow)):
