@@ -29,17 +29,38 @@ def tool_venv(name: str) -> Path:
     return cache / "research-crawler" / f"{name}-venv"
 
 
-def _steps(venv: Path, package: str) -> list[list[str]]:
+def _ways(venv: Path, package: str) -> list[list[list[str]]]:
+    """The commands that build the venv: with uv where the project's venv has it, then
+    with pip (which reads pip.conf: a machine whose index only pip knows)."""
+    ways = []
     uv = Path(sys.executable).parent / "uv"
     if uv.exists():
-        return [
-            [str(uv), "venv", "-q", "--allow-existing", "--python", sys.executable, str(venv)],
-            [str(uv), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), package],
+        python = str(venv / "bin" / "python")
+        ways.append(
+            [
+                [str(uv), "venv", "-q", "--allow-existing", "--python", sys.executable, str(venv)],
+                [str(uv), "pip", "install", "-q", "--python", python, package],
+            ]
+        )
+    ways.append(
+        [
+            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            [str(venv / "bin" / "pip"), "install", "-q", package],
         ]
-    return [
-        [sys.executable, "-m", "venv", "--clear", str(venv)],
-        [str(venv / "bin" / "pip"), "install", "-q", package],
-    ]
+    )
+    return ways
+
+
+def _run(steps: list[list[str]]) -> str | None:
+    """None, or what went wrong."""
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, timeout=900)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return str(exc)
+        if done.returncode != 0:
+            return done.stderr.strip()[-500:]
+    return None
 
 
 def tool_bin(name: str, package: str, program: str) -> Path:
@@ -55,22 +76,17 @@ def tool_bin(name: str, package: str, program: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (bin_dir / program).exists():
             return bin_dir
-        problem = None
-        for step in _steps(venv, package):
-            try:
-                done = subprocess.run(step, capture_output=True, text=True, timeout=900)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                problem = str(exc)
-                break
-            if done.returncode != 0:
-                problem = done.stderr.strip()[-500:]
-                break
-        if problem is None and (bin_dir / program).exists():
-            return bin_dir
-        # A half-built venv would pass for a built one next time.
-        shutil.rmtree(venv, ignore_errors=True)
-        need(f"cannot install {package} into {venv}: {problem or f'no {program} in it'}")
-    raise AssertionError("unreachable")
+        ours = not venv.exists()
+        problems = []
+        for steps in _ways(venv, package):
+            problem = _run(steps)
+            if problem is None and (bin_dir / program).exists():
+                return bin_dir
+            problems.append(problem or f"no {program} in it")
+            if ours:  # a half-built venv would pass for a built one next time
+                shutil.rmtree(venv, ignore_errors=True)
+        need(f"cannot install {package} into {venv}: {' / '.join(problems)}")
+    raise AssertionError("need() does not return")
 
 
 def wacz_program() -> Path:
