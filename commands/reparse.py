@@ -158,7 +158,8 @@ class Command(EndsWithoutTeardown, ScrapyCommand):
             self._follow(config, opts.until_idle, Path(opts.items_db) if opts.items_db else None)
             return
         try:
-            summary = Reparse(config).run()
+            # This process ends with the run (EndsWithoutTeardown).
+            summary = Reparse(config, ends_process=True).run()
         except (ReparseError, CatalogError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
