@@ -158,8 +158,7 @@ class Command(EndsWithoutTeardown, ScrapyCommand):
             self._follow(config, opts.until_idle, Path(opts.items_db) if opts.items_db else None)
             return
         try:
-            # This process ends with the run (EndsWithoutTeardown).
-            summary = Reparse(config, ends_process=True).run()
+            summary = Reparse(config).run()
         except (ReparseError, CatalogError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1

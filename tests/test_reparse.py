@@ -24,7 +24,7 @@ from crawler.reparse.runner import Progress, Reparse, plain
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.cmdline import canon, read_jsonl, run_scrapy
-from tests.conftest import ROOT, crawl_env, write_urls
+from tests.conftest import ROOT, write_urls
 from tests.crawls import crawl_site
 from tests.crawls import crawled as crawled_now
 
@@ -168,66 +168,6 @@ def test_parquet_is_written_without_pandas_and_leaves_it_importable(tmp_path):
         {"a": 1, "b": ["x", None], "c": {"k": "v"}},
         {"a": None, "b": [], "c": {"k": "w"}},
     ]
-
-
-def test_the_command_writes_parquet_without_importing_numpy(crawled, tmp_path):
-    # Its process ends with the run: pyarrow is imported there without numpy (more
-    # than half of its import), and the file is the one a process with numpy writes.
-    data_dir, _ = crawled
-    config = ReparseConfig(spider="site", data_dir=data_dir, workers=1)
-    config.output = tmp_path / "here.parquet"
-    assert Reparse(config).run().exit_code == 0
-    out, mark = tmp_path / "command.parquet", tmp_path / "modules"
-    # A fresh interpreter (not one forked from the tests' fork server) that notes at its
-    # exit whether numpy and pyarrow were imported.
-    script = textwrap.dedent(
-        f"""
-        import atexit, runpy, sys
-        from pathlib import Path
-        note = lambda: Path({str(mark)!r}).write_text(
-            " ".join(m for m in ("numpy", "pyarrow") if m in sys.modules)
-        )
-        atexit.register(note)
-        sys.argv = ["scrapy", "reparse", "site", "-s", "DATA_DIR={data_dir}", "--workers", "1",
-                    "-o", {str(out)!r}]
-        runpy.run_module("scrapy", run_name="__main__")
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=crawl_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr
-    assert mark.read_text() == "pyarrow"
-    assert out.read_bytes() == config.output.read_bytes()
-    assert len(pq.read_table(out).to_pylist()) == 11
-
-
-def test_numpy_is_refused_after_pyarrow_was_imported_without_it(tmp_path):
-    # Such a pyarrow crashed the process that gave it numpy values (to_pandas): numpy
-    # is refused instead, saying why.
-    script = textwrap.dedent(
-        f"""
-        from crawler.reparse.feeds import ItemFileWriter
-        writer = ItemFileWriter({str(tmp_path / "out.parquet")!r}, numpy=False)
-        writer.write_dict({{"a": 1}})
-        writer.close()
-        try:
-            import numpy
-        except ImportError as exc:
-            print(exc)
-        """
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert "pyarrow was imported without it" in result.stdout
-    assert pq.read_table(tmp_path / "out.parquet").to_pylist() == [{"a": 1}]
 
 
 def test_where_limit_callback_and_formats(crawled, tmp_path):

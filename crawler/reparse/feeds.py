@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from itemadapter import ItemAdapter
@@ -29,31 +27,16 @@ FORMATS = sorted([*EXPORTERS, ".parquet"])
 PARQUET_BATCH = 10_000
 
 
-class _Without:
-    """A meta path finder that has the import of the module ``name`` fail (see
-    :func:`load_arrow`)."""
-
-    def __init__(self, name: str, message: str = ""):
-        self.name = name
-        self.message = message or f"{name} is not used to write parquet here"
+class _NoPandas:
+    """A meta path finder that has ``import pandas`` fail (see :func:`load_arrow`)."""
 
     def find_spec(self, name, path=None, target=None):
-        if name == self.name:
-            raise ModuleNotFoundError(self.message, name=name)
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is not used to write parquet here", name=name)
         return None
 
 
-@contextmanager
-def _without(name: str) -> Iterator[None]:
-    finder = _Without(name)
-    sys.meta_path.insert(0, finder)
-    try:
-        yield
-    finally:
-        sys.meta_path.remove(finder)
-
-
-def load_arrow(numpy: bool = True) -> None:
+def load_arrow() -> None:
     """Import pyarrow, and have it take the values it converts for plain Python values.
 
     The first time pyarrow converts Python values it imports pandas to ask whether
@@ -62,30 +45,18 @@ def load_arrow(numpy: bool = True) -> None:
     that import is made to fail once, and pyarrow does not ask again. A process that
     has imported pandas already keeps it, and pyarrow still imports it when asked for
     pandas itself (``to_pandas``).
-
-    ``numpy=False``: a process that ends once its parquet file is written (``scrapy
-    reparse -o``) imports pyarrow without numpy, which pyarrow imports first and took
-    more than half of its import; the file is the same byte for byte. Such a pyarrow
-    crashes the process when it meets numpy later (``to_pandas``): numpy cannot be
-    imported in that process any more (ImportError, which says why). A process that
-    has imported numpy or pyarrow already is left as it is.
     """
-    if not numpy and "numpy" not in sys.modules and "pyarrow" not in sys.modules:
-        sys.meta_path.insert(
-            0,
-            _Without(
-                "numpy",
-                "numpy cannot be imported in this process: pyarrow was imported without "
-                "it to write parquet (crawler.reparse.feeds.load_arrow)",
-            ),
-        )
     import pyarrow as pa
     import pyarrow.parquet  # noqa: F401
 
     if "pandas" in sys.modules:
         return
-    with _without("pandas"):
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
         pa.array([])
+    finally:
+        sys.meta_path.remove(finder)
 
 
 class FeedFormatError(ValueError):
@@ -103,12 +74,8 @@ def check_output(path: str | os.PathLike) -> Path:
 
 
 class ItemFileWriter:
-    """``numpy=False``: see :func:`load_arrow` (only for a process that ends once the
-    file is written)."""
-
-    def __init__(self, path: str | os.PathLike, encoding: str = "utf-8", numpy: bool = True):
+    def __init__(self, path: str | os.PathLike, encoding: str = "utf-8"):
         self.path = check_output(path)
-        self.numpy = numpy
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
         self.suffix = self.path.suffix.lower()
@@ -143,18 +110,18 @@ class ItemFileWriter:
             # pyarrow (and numpy, which it imports) take a few tenths of a second to
             # import: with the first item, while a pool's workers go on parsing, not at
             # close, after they are done, when nothing else runs beside it.
-            load_arrow(self.numpy)
+            load_arrow()
         self.count += 1
         self._batch.append(row)
         if len(self._batch) >= PARQUET_BATCH:
             self._write_parquet()
 
     def _write_parquet(self) -> None:
-        if not self._batch:
-            return
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        if not self._batch:
+            return
         if self._parquet is None:
             table = pa.Table.from_pylist(self._batch)
             self._parquet = pq.ParquetWriter(self._file, table.schema)
@@ -172,7 +139,6 @@ class ItemFileWriter:
             if self._parquet is not None:
                 self._parquet.close()
             else:
-                load_arrow(self.numpy)
                 import pyarrow as pa
                 import pyarrow.parquet as pq
 

@@ -357,17 +357,11 @@ class Progress:
 
 
 class Reparse:
-    """Runs a re-parse from a :class:`ReparseConfig`; :meth:`run` returns a Summary.
+    """Runs a re-parse from a :class:`ReparseConfig`; :meth:`run` returns a Summary."""
 
-    ``ends_process``: the process ends once the run does (``scrapy reparse``), so a
-    parquet file is written with pyarrow imported without numpy
-    (:func:`~crawler.reparse.feeds.load_arrow`).
-    """
-
-    def __init__(self, config: ReparseConfig, progress_stream=None, ends_process: bool = False):
+    def __init__(self, config: ReparseConfig, progress_stream=None):
         self.config = config
         self.progress_stream = progress_stream
-        self.ends_process = ends_process
 
     def run(self) -> Summary:
         config = self.config
@@ -389,9 +383,7 @@ class Reparse:
             )
             summary.problems.append(problem)
             logger.error("%s", problem.message)
-        writer = (
-            ItemFileWriter(config.output, numpy=not self.ends_process) if config.output else None
-        )
+        writer = ItemFileWriter(config.output) if config.output else None
         tables = ItemTableWriter(DataDir(config.data_dir).catalog_path) if writer is None else None
         mode = TABLES if writer is None else DICTS if writer.takes_dicts else ITEMS
         progress = Progress(total, self.progress_stream)
