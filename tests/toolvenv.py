@@ -44,7 +44,8 @@ def _ways(venv: Path, package: str) -> list[list[list[str]]]:
         )
     ways.append(
         [
-            [sys.executable, "-m", "venv", "--clear", str(venv)],
+            # No --clear: a venv named by <NAME>_VENV may be the user's own.
+            [sys.executable, "-m", "venv", str(venv)],
             [str(venv / "bin" / "pip"), "install", "-q", package],
         ]
     )
