@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
 import os
 import re
@@ -11,16 +12,18 @@ import signal
 import subprocess
 import sys
 import textwrap
+import weakref
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pyarrow.parquet as pq
 import pytest
 from itemadapter import ItemAdapter
+from scrapy.http import TextResponse
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.reparse.plan import ReparseConfig, plan, select_rows
-from crawler.reparse.runner import Progress, Reparse, plain
+from crawler.reparse.runner import TABLES, Progress, Reparse, Reparser, plain
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
 from tests.cmdline import canon, read_jsonl, run_scrapy
@@ -362,6 +365,31 @@ def test_reparse_ends_as_a_process_does_less_its_teardown(crawled, tmp_path):
     result = run_scrapy(*args, "--profile", str(profile), **kwargs)
     assert result.returncode == 0, result.stderr
     assert profile.stat().st_size > 0
+
+
+def test_each_pages_tree_is_freed_once_its_callback_is_done(crawled):
+    # A text response and the selector it caches refer to each other: without a hand,
+    # each page's parsed tree would wait for the cyclic garbage collector.
+    data_dir, _ = crawled
+    reparser = Reparser("site", "parse", {}, {}, TABLES)
+    parse, seen = reparser.callback, []
+
+    def callback(response):
+        if isinstance(response, TextResponse):
+            assert response.css("title")  # the selector is built, and cached
+        seen.append(weakref.ref(response))
+        return parse(response)
+
+    reparser.callback = callback
+    gc.disable()
+    try:
+        for task in plan(select_rows(ReparseConfig("site", data_dir)), data_dir):
+            assert reparser.run_task(task).pages
+        alive = [ref() for ref in seen if ref() is not None]
+    finally:
+        gc.enable()
+    assert len(seen) == 12  # every response but the 404
+    assert alive == []
 
 
 def test_progress_line():

@@ -35,7 +35,7 @@ from crawler.reparse.plan import (
     plan,
     select_rows,
 )
-from crawler.reparse.responses import build_response
+from crawler.reparse.responses import build_response, release
 from crawler.storage import formats
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError
@@ -263,6 +263,8 @@ class Reparser:
                 )
             )
             return False
+        finally:
+            release(response)
         return True
 
 
