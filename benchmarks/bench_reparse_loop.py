@@ -1,6 +1,7 @@
 """Re-parse against the parser's own speed: whole processes, alternating, in one run.
 
     python -m benchmarks.bench_reparse_loop [--pages 3000] [--rounds 3] [--case NAME ...]
+    python -m benchmarks.bench_reparse_loop --at-once 6 [--case NAME ...]
     python -m benchmarks.bench_reparse_loop --callgrind 300
 
 Over a corpus of ``--pages`` stored product pages of ~50 KB (built once by
@@ -29,6 +30,13 @@ runs differ by 20%.
 On a shared machine the load average printed with each round says how far the wall
 figures can be trusted.
 
+``--at-once PAIRS`` runs the loop and each one-worker case at the same time instead,
+each process pinned to a core of its own and the cores swapped every other pair, so
+that both see whatever the machine's speed does meanwhile (on a shared machine it
+drifted by a third within one round): the loop's wall time over the case's, per pair.
+The two share the caches and memory beyond their cores, as processes on a loaded
+machine do.
+
 ``--callgrind PAGES`` runs the loop and the one-worker cases under valgrind's callgrind
 instead, over PAGES pages and over none: instruction counts, which no other job
 changes, of whole processes, of their start-up and per page, and the ratio they give
@@ -47,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
@@ -134,6 +143,82 @@ def run_case(case: Case, data: Path, out: Path) -> tuple[float, float]:
         raise RuntimeError(f"{case.name}: exit {proc.returncode}: {proc.stderr.decode()[-2000:]}")
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return seconds, cpu
+
+
+def run_pinned(cmd: list[str], core: int) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    # Pinned as it starts its interpreter, long before it reads a record.
+    os.sched_setaffinity(proc.pid, {core})
+    return proc
+
+
+def ended_at(procs: dict[str, subprocess.Popen]) -> dict[str, float]:
+    """When each process ended (``time.perf_counter``); an error if one failed."""
+    ended: dict[str, float] = {}
+    errors: dict[str, bytes] = {}
+
+    def wait(name: str, proc: subprocess.Popen) -> None:
+        errors[name] = proc.communicate()[1]
+        ended[name] = time.perf_counter()
+
+    threads = [threading.Thread(target=wait, args=item) for item in procs.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for name, proc in procs.items():
+        if proc.returncode:
+            raise RuntimeError(f"{name}: exit {proc.returncode}: {errors[name].decode()[-2000:]}")
+    return ended
+
+
+def at_once(case: Case, data: Path, out: Path, cores: tuple[int, int]) -> float:
+    """The loop's wall seconds over ``case``'s, both run at the same time, the loop
+    pinned to ``cores[0]`` and the case to ``cores[1]``."""
+    loop = cases(1)[0]
+    if case.follow:
+        reset_follow(data)
+    started = time.perf_counter()
+    procs = {
+        "loop": run_pinned(command(loop, data, out), cores[0]),
+        case.name: run_pinned(command(case, data, out), cores[1]),
+    }
+    ended = ended_at(procs)
+    return (ended["loop"] - started) / (ended[case.name] - started)
+
+
+def pairs_at_once(pairs: int, pages: int, only: list[str] | None, say) -> None:
+    """``pairs`` runs of each one-worker case beside the loop (:func:`at_once`)."""
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(usable) < 2:
+        raise SystemExit("--at-once needs two cores this process may run on")
+    data = ROOT / "bench-data" / f"reparse-{pages}"
+    build_corpus(data, pages)
+    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
+    todo = [c for c in cases(1)[1:] if not only or c.name in only]
+    say(
+        f"{pages:,} stored product pages; the loop and each case at the same time on cores "
+        f"{usable[0]} and {usable[1]}, swapped every other pair; the loop's seconds over "
+        "the case's:"
+    )
+    try:
+        if items_stored(data) != pages:
+            run_case(cases(1)[1], data, out)
+        for case in todo:
+            ratios = []
+            for n in range(pairs):
+                pinned = (usable[0], usable[1]) if n % 2 == 0 else (usable[1], usable[0])
+                ratios.append(at_once(case, data, out, pinned))
+                (out / "items.parquet").unlink(missing_ok=True)
+            say(f"  {case.name}: {figures(ratios)}")
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def instructions(cmd: list[str]) -> int:
@@ -375,6 +460,13 @@ def main() -> None:
         "--case", action="append", help="run only this case (and the loop); may be repeated"
     )
     parser.add_argument(
+        "--at-once",
+        type=int,
+        metavar="PAIRS",
+        help="instead: run the loop and each one-worker case at the same time, each on a "
+        "core of its own, PAIRS times",
+    )
+    parser.add_argument(
         "--callgrind",
         type=int,
         metavar="PAGES",
@@ -384,6 +476,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.callgrind:
         instruction_counts(args.callgrind, lambda line: print(line, flush=True))
+        return
+    if args.at_once:
+        pairs_at_once(args.at_once, args.pages, args.case, lambda line: print(line, flush=True))
         return
     run(args.pages, args.rounds, args.data, args.case, echo=True)
 
