@@ -22,7 +22,7 @@ from itemadapter import ItemAdapter
 from scrapy.http import TextResponse
 from scrapy.utils.defer import deferred_f_from_coro_f
 
-from crawler.reparse.plan import ReparseConfig, plan, select_rows
+from crawler.reparse.plan import ReparseConfig, ReparseError, plan, select_rows
 from crawler.reparse.runner import TABLES, Progress, Reparse, Reparser, plain
 from crawler.storage.catalog import Catalog
 from tests.checks import catalog_rows
@@ -390,6 +390,15 @@ def test_each_pages_tree_is_freed_once_its_callback_is_done(crawled):
         gc.enable()
     assert len(seen) == 12  # every response but the 404
     assert alive == []
+
+
+def test_a_bad_spider_fails_before_the_catalog_is_read(crawled, tmp_path):
+    data_dir, _ = crawled
+    out = tmp_path / "items.jsonl"
+    config = ReparseConfig("nosuch", data_dir, where="no_such_column = 1", output=out)
+    with pytest.raises(ReparseError, match="no spider named 'nosuch'"):
+        Reparse(config).run()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_progress_line():

@@ -59,6 +59,13 @@ def load_arrow() -> None:
         sys.meta_path.remove(finder)
 
 
+def takes_dicts(path: str | os.PathLike) -> bool:
+    """Whether items written to ``path`` may come as plain dicts
+    (:meth:`ItemFileWriter.write_dict`): parquet reads values, not the field metadata
+    Scrapy's exporters serialize with."""
+    return Path(path).suffix.lower() == ".parquet"
+
+
 class FeedFormatError(ValueError):
     """The output file's extension names no known format."""
 
@@ -93,8 +100,7 @@ class ItemFileWriter:
 
     @property
     def takes_dicts(self) -> bool:
-        """Whether items may come as plain dicts (:meth:`write_dict`): parquet reads
-        values, not the field metadata Scrapy's exporters serialize with."""
+        """See :func:`takes_dicts`."""
         return self._exporter is None
 
     def write(self, item) -> None:

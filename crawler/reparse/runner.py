@@ -26,7 +26,7 @@ from itemadapter import ItemAdapter, is_item
 from scrapy import Request
 
 from crawler.itemrows import ItemFieldError, dataclass_fields, item_row, item_values
-from crawler.reparse.feeds import ItemFileWriter
+from crawler.reparse.feeds import ItemFileWriter, takes_dicts
 from crawler.reparse.plan import (
     ReparseConfig,
     ReparseError,
@@ -156,6 +156,7 @@ class Reparser:
         self.spider = make_spider(spider_name, spider_args, settings)
         # Items become rows or dicts here, on the workers' cores; the parent only
         # writes them.
+        self.mode = mode
         self.tables = mode == TABLES
         self.dicts = mode == DICTS
         self._set_allowed_statuses()
@@ -368,6 +369,14 @@ class Reparse:
     def run(self) -> Summary:
         config = self.config
         started = time.monotonic()
+        output = config.output
+        mode = TABLES if output is None else DICTS if takes_dicts(output) else ITEMS
+        # Built before the catalog is read, as a follower builds it: a bad spider or
+        # callback fails before any query (and a one-worker run went no slower for
+        # it, docs/benchmarks.md).
+        reparser = Reparser(
+            config.spider, config.callback, config.spider_args, config.settings, mode
+        )
         selection = select_rows(config)
         total = selection.count()
         summary = Summary()
@@ -385,13 +394,12 @@ class Reparse:
             )
             summary.problems.append(problem)
             logger.error("%s", problem.message)
-        writer = ItemFileWriter(config.output) if config.output else None
+        writer = ItemFileWriter(output) if output else None
         tables = ItemTableWriter(DataDir(config.data_dir).catalog_path) if writer is None else None
-        mode = TABLES if writer is None else DICTS if writer.takes_dicts else ITEMS
         progress = Progress(total, self.progress_stream)
         done = 0
         try:
-            for result in self._results(selection, total, mode):
+            for result in self._results(reparser, selection, total):
                 done += result.records
                 summary.stats.update(result.stats)
                 for problem in result.problems:
@@ -421,18 +429,17 @@ class Reparse:
         summary.stats["reparse/seconds"] = round(summary.seconds, 3)
         return summary
 
-    def _results(self, selection: Selection, total: int, mode: str) -> Iterator[TaskResult]:
+    def _results(
+        self, reparser: Reparser, selection: Selection, total: int
+    ) -> Iterator[TaskResult]:
         config = self.config
-        init = (config.spider, config.callback, config.spider_args, config.settings, mode)
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
         tasks = plan(selection, config.data_dir, config.chunk_rows, workers, total)
         if workers == 1:
-            reparser = Reparser(*init)
             for task in tasks:
                 yield reparser.run_task(task)
             return
-        # Fails fast on a bad spider or callback, before any process starts.
-        reparser = Reparser(*init)
+        init = (config.spider, config.callback, config.spider_args, config.settings, reparser.mode)
         pool = worker_pool(workers, reparser, init)
         finished = False
         try:
