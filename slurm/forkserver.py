@@ -334,6 +334,9 @@ class ForkServer:
         self.proc: subprocess.Popen | None = None
         self.procs: dict[int, ForkedProcess] = {}
         self.pids: list[int] = []  # answers to spawn requests, in order
+        # Statuses of children that ended before spawn() had their pid: on a loaded
+        # machine the answer to a request and its child's exit come in one read.
+        self.exited: dict[int, int] = {}
         self._buffer = b""
         self.ready_after = 0.0  # seconds from start to ready
 
@@ -387,7 +390,9 @@ class ForkServer:
                 raise ForkServerError("the fork server did not answer")
             self.read(timeout=deadline - time.monotonic())
         proc = ForkedProcess(self, self.pids.pop(0))
-        self.procs[proc.pid] = proc
+        proc.returncode = self.exited.pop(proc.pid, None)
+        if proc.returncode is None:
+            self.procs[proc.pid] = proc
         return proc
 
     def read(self, timeout: float | None) -> None:
@@ -410,7 +415,9 @@ class ForkServer:
                 self.pids.append(message["pid"])
             elif "exited" in message:
                 proc = self.procs.pop(message["exited"], None)
-                if proc is not None:
+                if proc is None:
+                    self.exited[message["exited"]] = message["status"]
+                else:
                     proc.returncode = message["status"]
 
     def _message(self, timeout: float) -> dict:

@@ -81,6 +81,22 @@ def test_a_forked_child_runs_in_its_directory_environment_and_log(server, child)
     assert lines(log)[-1] == f"m1 {child}"
 
 
+def test_a_child_that_ends_before_its_pid_is_read_keeps_its_status(server, child):
+    # On a loaded machine the server's answer (the pid) and the child's exit arrive in
+    # one read: the task must still learn how the child ended.
+    read = server.read
+
+    def late_read(timeout):
+        time.sleep(1)  # the child has ended meanwhile
+        server.read = read
+        read(timeout)
+
+    server.read = late_read
+    proc = server.spawn(["/bin/sh", "-c", "exit 5"], child / "a.log", child)
+    assert proc.wait(timeout=10) == 5
+    assert not server.exited
+
+
 def test_each_child_takes_its_own_signals_and_the_server_ignores_stop_signals(server, child):
     args = [sys.executable, "-m", "forkchild", "wait"]
     killed = server.spawn([*args, "0"], child / "a.log", child)
