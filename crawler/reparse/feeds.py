@@ -98,11 +98,6 @@ class ItemFileWriter:
             self._exporter = exporter(self._file, encoding=encoding)
             self._exporter.start_exporting()
 
-    @property
-    def takes_dicts(self) -> bool:
-        """See :func:`takes_dicts`."""
-        return self._exporter is None
-
     def write(self, item) -> None:
         if self._exporter is not None:
             self.count += 1
@@ -111,7 +106,7 @@ class ItemFileWriter:
         self.write_dict(ItemAdapter(item).asdict())
 
     def write_dict(self, row: dict) -> None:
-        """Write an item given as a dict of plain values (see :meth:`takes_dicts`)."""
+        """Write an item given as a dict of plain values (for paths :func:`takes_dicts` accepts)."""
         if not self.count:
             # pyarrow (and numpy, which it imports) take a few tenths of a second to
             # import: with the first item, while a pool's workers go on parsing, not at

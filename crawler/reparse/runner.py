@@ -156,7 +156,6 @@ class Reparser:
         self.spider = make_spider(spider_name, spider_args, settings)
         # Items become rows or dicts here, on the workers' cores; the parent only
         # writes them.
-        self.mode = mode
         self.tables = mode == TABLES
         self.dicts = mode == DICTS
         self._set_allowed_statuses()
@@ -374,9 +373,8 @@ class Reparse:
         # Built before the catalog is read, as a follower builds it: a bad spider or
         # callback fails before any query (and a one-worker run went no slower for
         # it, docs/benchmarks.md).
-        reparser = Reparser(
-            config.spider, config.callback, config.spider_args, config.settings, mode
-        )
+        init = (config.spider, config.callback, config.spider_args, config.settings, mode)
+        reparser = Reparser(*init)
         selection = select_rows(config)
         total = selection.count()
         summary = Summary()
@@ -399,7 +397,7 @@ class Reparse:
         progress = Progress(total, self.progress_stream)
         done = 0
         try:
-            for result in self._results(reparser, selection, total):
+            for result in self._results(reparser, init, selection, total):
                 done += result.records
                 summary.stats.update(result.stats)
                 for problem in result.problems:
@@ -430,7 +428,7 @@ class Reparse:
         return summary
 
     def _results(
-        self, reparser: Reparser, selection: Selection, total: int
+        self, reparser: Reparser, init: tuple, selection: Selection, total: int
     ) -> Iterator[TaskResult]:
         config = self.config
         workers = max(1, min(config.worker_count, -(-total // config.chunk_rows)))
@@ -439,7 +437,6 @@ class Reparse:
             for task in tasks:
                 yield reparser.run_task(task)
             return
-        init = (config.spider, config.callback, config.spider_args, config.settings, reparser.mode)
         pool = worker_pool(workers, reparser, init)
         finished = False
         try:
