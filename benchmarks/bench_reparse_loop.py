@@ -198,18 +198,13 @@ def pairs_at_once(pairs: int, pages: int, only: list[str] | None, say) -> None:
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(usable) < 2:
         raise SystemExit("--at-once needs two cores this process may run on")
-    data = ROOT / "bench-data" / f"reparse-{pages}"
-    build_corpus(data, pages)
-    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
     todo = [c for c in cases(1)[1:] if not only or c.name in only]
     say(
         f"{pages:,} stored product pages; the loop and each case at the same time on cores "
         f"{usable[0]} and {usable[1]}, swapped every other pair; the loop's seconds over "
         "the case's:"
     )
-    try:
-        if items_stored(data) != pages:
-            run_case(cases(1)[1], data, out)
+    with corpus(pages) as (data, out):
         for case in todo:
             ratios = []
             for n in range(pairs):
@@ -217,8 +212,6 @@ def pairs_at_once(pairs: int, pages: int, only: list[str] | None, say) -> None:
                 ratios.append(at_once(case, data, out, pinned))
                 (out / "items.parquet").unlink(missing_ok=True)
             say(f"  {case.name}: {figures(ratios)}")
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def instructions(cmd: list[str]) -> int:
@@ -246,14 +239,9 @@ def instructions(cmd: list[str]) -> int:
 def instruction_counts(pages: int, say) -> None:
     """The one-worker cases and the loop under callgrind over ``pages`` pages, and the
     same processes over none (their start-up): ratios of instruction counts."""
-    data = ROOT / "bench-data" / f"reparse-{pages}"
-    build_corpus(data, pages)
-    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
-    empty = out / "empty"
-    (empty / "archive").mkdir(parents=True)
-    try:
-        if items_stored(data) != pages:
-            run_case(cases(1)[1], data, out)
+    with corpus(pages) as (data, out):
+        empty = out / "empty"
+        (empty / "archive").mkdir(parents=True)
         say(f"callgrind, {pages:,} pages, instructions of the whole process (start-up: of none):")
         loop = cases(1)[0]
         whole = instructions(command(loop, data, out))
@@ -275,8 +263,6 @@ def instruction_counts(pages: int, say) -> None:
                     f"{(start + PAGES * loop_page) / (began + PAGES * page):.3f}"
                 )
             say(line)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
 
 
 def items_stored(data: Path) -> int:
@@ -285,6 +271,23 @@ def items_stored(data: Path) -> int:
             return conn.execute("SELECT count(*) FROM _item_pages").fetchone()[0]
         except sqlite3.OperationalError:
             return 0
+
+
+@contextmanager
+def corpus(pages: int, data: Path | None = None, first: Case | None = None):
+    """(the corpus's data directory, a scratch directory) for the time of a benchmark;
+    the corpus's pages have stored items, as after a first re-parse (``first``'s)."""
+    data = data or ROOT / "bench-data" / f"reparse-{pages}"
+    build_corpus(data, pages)
+    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
+    try:
+        if items_stored(data) != pages:
+            # Every timed run into the item tables then replaces stored items, as a
+            # re-parse after a parser fix does.
+            run_case(first or cases(1)[1], data, out)
+        yield data, out
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 @contextmanager
@@ -384,11 +387,8 @@ def run(
     only: list[str] | None = None,
     echo: bool = False,
 ) -> list[str]:
-    data = data or ROOT / "bench-data" / f"reparse-{pages}"
-    build_corpus(data, pages)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     todo = [c for c in cases(cores or 1) if not only or c.workers == 0 or c.name in only]
-    out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
     lines: list[str] = []
 
     def say(line: str) -> None:
@@ -397,11 +397,8 @@ def run(
             print(line, flush=True)
 
     say(f"{pages:,} stored product pages of ~50 KB; {cores} cores; {rounds} rounds")
-    try:
-        if items_stored(data) != pages:
-            # Every timed run into the item tables then replaces stored items, as a
-            # re-parse after a parser fix does.
-            run_case(todo[1] if len(todo) > 1 else cases(1)[1], data, out)
+    seeding = todo[1] if len(todo) > 1 else None
+    with corpus(pages, data, seeding) as (data, out):
         for n in range(rounds):
             load = " ".join(f"{x:.2f}" for x in os.getloadavg())
             say(f"round {n + 1} (load average at its start: {load}):")
@@ -431,8 +428,6 @@ def run(
             for case in todo[1:]:
                 say(case_line(case, case.rates[-1], case.cpus[-1], slice(-1, None)))
         shares = parser_shares(data, out)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
     if rounds:
         summarize(todo, cores, say)
     say(
