@@ -193,7 +193,9 @@ def at_once(case: Case, data: Path, out: Path, cores: tuple[int, int]) -> float:
     return (ended["loop"] - started) / (ended[case.name] - started)
 
 
-def pairs_at_once(pairs: int, pages: int, only: list[str] | None, say) -> None:
+def pairs_at_once(
+    pairs: int, pages: int, only: list[str] | None, say, data: Path | None = None
+) -> None:
     """``pairs`` runs of each one-worker case beside the loop (:func:`at_once`)."""
     usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if len(usable) < 2:
@@ -204,7 +206,7 @@ def pairs_at_once(pairs: int, pages: int, only: list[str] | None, say) -> None:
         f"{usable[0]} and {usable[1]}, swapped every other pair; the loop's seconds over "
         "the case's:"
     )
-    with corpus(pages) as (data, out):
+    with corpus(pages, data) as (data, out):
         for case in todo:
             ratios = []
             for n in range(pairs):
@@ -236,10 +238,10 @@ def instructions(cmd: list[str]) -> int:
         return total
 
 
-def instruction_counts(pages: int, say) -> None:
+def instruction_counts(pages: int, say, data: Path | None = None) -> None:
     """The one-worker cases and the loop under callgrind over ``pages`` pages, and the
     same processes over none (their start-up): ratios of instruction counts."""
-    with corpus(pages) as (data, out):
+    with corpus(pages, data) as (data, out):
         empty = out / "empty"
         (empty / "archive").mkdir(parents=True)
         say(f"callgrind, {pages:,} pages, instructions of the whole process (start-up: of none):")
@@ -274,9 +276,9 @@ def items_stored(data: Path) -> int:
 
 
 @contextmanager
-def corpus(pages: int, data: Path | None = None, first: Case | None = None):
+def corpus(pages: int, data: Path | None = None):
     """(the corpus's data directory, a scratch directory) for the time of a benchmark;
-    the corpus's pages have stored items, as after a first re-parse (``first``'s)."""
+    the corpus's pages have stored items, as after a first re-parse."""
     data = data or ROOT / "bench-data" / f"reparse-{pages}"
     build_corpus(data, pages)
     out = Path(tempfile.mkdtemp(prefix="bench-reparse-"))
@@ -284,7 +286,7 @@ def corpus(pages: int, data: Path | None = None, first: Case | None = None):
         if items_stored(data) != pages:
             # Every timed run into the item tables then replaces stored items, as a
             # re-parse after a parser fix does.
-            run_case(first or cases(1)[1], data, out)
+            run_case(cases(1)[1], data, out)
         yield data, out
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -397,8 +399,7 @@ def run(
             print(line, flush=True)
 
     say(f"{pages:,} stored product pages of ~50 KB; {cores} cores; {rounds} rounds")
-    seeding = todo[1] if len(todo) > 1 else None
-    with corpus(pages, data, seeding) as (data, out):
+    with corpus(pages, data) as (data, out):
         for n in range(rounds):
             load = " ".join(f"{x:.2f}" for x in os.getloadavg())
             say(f"round {n + 1} (load average at its start: {load}):")
@@ -469,11 +470,15 @@ def main() -> None:
         "PAGES pages under valgrind (minutes for a few hundred pages)",
     )
     args = parser.parse_args()
+
+    def echo(line: str) -> None:
+        print(line, flush=True)
+
     if args.callgrind:
-        instruction_counts(args.callgrind, lambda line: print(line, flush=True))
+        instruction_counts(args.callgrind, echo, args.data)
         return
     if args.at_once:
-        pairs_at_once(args.at_once, args.pages, args.case, lambda line: print(line, flush=True))
+        pairs_at_once(args.at_once, args.pages, args.case, echo, args.data)
         return
     run(args.pages, args.rounds, args.data, args.case, echo=True)
 
