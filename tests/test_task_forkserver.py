@@ -4,12 +4,15 @@ imported once, and ``--no-fork-server`` starts plain processes as before."""
 
 from __future__ import annotations
 
+import array
+import fcntl
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import termios
 import time
 from pathlib import Path
 
@@ -85,9 +88,16 @@ def test_a_child_that_ends_before_its_pid_is_read_keeps_its_status(server, child
     # On a loaded machine the server's answer (the pid) and the child's exit arrive in
     # one read: the task must still learn how the child ended.
     read = server.read
+    longest_pid_answer = len(json.dumps({"pid": 2**22}) + "\n")  # pid_max's ceiling
 
     def late_read(timeout):
-        time.sleep(1)  # the child has ended meanwhile
+        # The first read waits until the child's exit is in the pipe behind its pid.
+        out, waiting = server.proc.stdout.fileno(), array.array("i", [0])
+        deadline = time.monotonic() + 30
+        while waiting[0] <= longest_pid_answer and time.monotonic() < deadline:
+            time.sleep(0.01)
+            fcntl.ioctl(out, termios.FIONREAD, waiting)
+        assert waiting[0] > longest_pid_answer, "the child's exit never came"
         server.read = read
         read(timeout)
 
