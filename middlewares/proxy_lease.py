@@ -5,22 +5,16 @@ same proxy at the same time: each process leases up to ``PROXY_LEASES_PER_PROCES
 proxies from the hub (``HUB_URL``, see ``crawler/hub/``), spreads its requests over
 them, renews the leases with a heartbeat, lets a proxy go after ``PROXY_ROTATE_EVERY``
 uses (only once every request it sent through it has finished) and ends a lease at once
-when the proxy looks banned, retrying the request through another proxy. A timeout or a
-lost connection is held against the proxy only when it is the proxy's doing (it does
-not answer a fresh connection, or it failed for several hosts in a row): a slow target
-page does not ban the proxy that fetched it.
+when the proxy looks banned (``middlewares/proxy_bans.py`` judges), retrying the
+request through another proxy.
 
 The lease state machine is :class:`crawler.hub.leases.LeasePool`; this middleware is
-its Scrapy side: settings, request meta, ban verdicts, retries, stats and logs. Every
-blocking hub call runs in one dedicated thread, never on the reactor thread.
-Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's lease, and
-one that held a request after this middleware gave it a lease asks
+its Scrapy side: the ``PROXY_*`` settings (:class:`ProxyLeaseConfig`), request meta,
+retries, and the pool's events as stats and log lines. Every blocking hub call runs in
+one dedicated thread (:class:`crawler.hub.runner.HubThread`), never on the reactor
+thread. Other components ask :meth:`ProxyLeaseMiddleware.lease_for` for a request's
+lease, and one that held a request after this middleware gave it a lease asks
 :meth:`ProxyLeaseMiddleware.sendable` before letting it go (and ``refresh`` if not).
-
-Longer than most modules here: beside the middleware live the pieces that tie the lease
-pool to Scrapy and Twisted, each too small for a module of its own: the ``PROXY_*`` settings
-(:class:`ProxyLeaseConfig`), the pool's clock and hub thread on the reactor, and its
-events as stats and log lines.
 """
 
 from __future__ import annotations
@@ -31,26 +25,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from time import monotonic
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 from scrapy import signals
 from scrapy.exceptions import (
-    DownloadConnectionRefusedError,
-    DownloadFailedError,
-    DownloadTimeoutError,
-    IgnoreRequest,
     NotConfigured,
     UsageError,
 )
 from scrapy.utils.defer import maybe_deferred_to_future
-from scrapy.utils.httpobj import urlparse_cached
-from twisted.internet import error as txerror
 from twisted.internet.defer import Deferred
-from twisted.internet.threads import deferToThreadPool
-from twisted.python.failure import Failure
-from twisted.python.threadpool import ThreadPool
-from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
+from crawler.downloader import not_sent
 from crawler.hub import (
     Holder,
     Hub,
@@ -68,9 +52,10 @@ from crawler.hub.leases import (
     LeasePool,
     LeaseView,
     PoolClosedError,
-    Timer,
 )
-from crawler.signals import send_action
+from crawler.hub.runner import HubThread, LoopClock
+from crawler.signals import crawl_closing, live_settings_changed, send_action
+from middlewares.proxy_bans import BanRules, ProxyBanJudge
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -81,43 +66,6 @@ if TYPE_CHECKING:
     from scrapy.settings import BaseSettings
 
 logger = logging.getLogger(__name__)
-
-# Errors that say "this proxy refuses or drops us": connection refused or reset, timeouts.
-# Built on first use: importing Scrapy's HTTP/1.1 handler here, deep in the loading of
-# the settings' middlewares, costs ~0.07 s (its deprecated-class shims call
-# inspect.stack()), also in crawls without proxies; the download handler imports it
-# anyway, at a shallower depth.
-_BAN_EXCEPTIONS: tuple[type[BaseException], ...] | None = None
-
-
-def ban_exceptions() -> tuple[type[BaseException], ...]:
-    global _BAN_EXCEPTIONS
-    if _BAN_EXCEPTIONS is None:
-        from scrapy.core.downloader.handlers.http11 import TunnelError
-
-        _BAN_EXCEPTIONS = (
-            txerror.ConnectionRefusedError,
-            txerror.ConnectError,
-            txerror.TCPTimedOutError,
-            txerror.TimeoutError,
-            txerror.ConnectionLost,
-            ConnectionRefusedError,
-            ConnectionResetError,
-            TimeoutError,
-            ResponseNeverReceived,
-            ResponseFailed,
-            TunnelError,
-            # Scrapy's HTTP/1.1 handler raises these in place of Twisted's errors above.
-            DownloadTimeoutError,
-            DownloadConnectionRefusedError,
-            DownloadFailedError,
-        )
-    return _BAN_EXCEPTIONS
-
-
-# A live proxy on the network accepts a connection in milliseconds; one that has not
-# within this many seconds is down (or unreachable) for the request that failed on it.
-PROBE_TIMEOUT = 5.0
 
 META_TOKEN = "_proxy_lease"  # this attempt's lease token (not the proxy URL)
 META_AVOID = "_proxy_lease_avoid"  # proxy ids that banned this request
@@ -246,6 +194,10 @@ class ProxyLeaseConfig:
         )
 
     @property
+    def ban_rules(self) -> BanRules:
+        return BanRules(self.ban_statuses, self.ban_body_markers, self.ban_failed_hosts)
+
+    @property
     def pool_config(self) -> LeaseConfig:
         return LeaseConfig(
             lease_ttl=self.lease_ttl,
@@ -258,67 +210,6 @@ class ProxyLeaseConfig:
 
 
 T = TypeVar("T")
-
-
-class _ReactorClock:
-    """The lease pool's clock: monotonic time, the reactor's timers."""
-
-    def now(self) -> float:
-        return monotonic()
-
-    def call_later(self, delay: float, fn: Callable[[], Any]) -> Timer:
-        from twisted.internet import reactor
-
-        return reactor.callLater(delay, fn)
-
-
-class _HubThread:
-    """Runs hub calls in one dedicated thread; results come back on the reactor thread."""
-
-    def __init__(self) -> None:
-        self._pool = ThreadPool(minthreads=1, maxthreads=1, name="proxy-hub")
-        self._shutdown: Any = None
-
-    def defer(self, fn: Callable[[], T]) -> Deferred[T]:
-        from twisted.internet import reactor
-
-        if not self._pool.started:
-            self._pool.start()
-            self._shutdown = reactor.addSystemEventTrigger("during", "shutdown", self._at_shutdown)
-        return deferToThreadPool(reactor, self._pool, fn)
-
-    def run(
-        self, fn: Callable[[], T], done: Callable[[T], None], failed: Callable[[Exception], None]
-    ) -> None:
-        d = self.defer(fn)
-        d.addCallbacks(done, lambda f: failed(f.value))
-        d.addErrback(self._unexpected)
-
-    @staticmethod
-    def _unexpected(failure: Failure) -> None:
-        logger.error(
-            "Proxy lease bookkeeping failed: %s",
-            failure.value,
-            exc_info=(failure.type, failure.value, failure.getTracebackObject()),
-        )
-
-    def stop(self) -> None:
-        from twisted.internet import reactor
-
-        if self._shutdown is not None:
-            reactor.removeSystemEventTrigger(self._shutdown)
-            self._shutdown = None
-        self._stop_pool()
-
-    def _at_shutdown(self) -> None:
-        # A trigger that is firing cannot be removed (ValueError): had it tried, the pool
-        # would never stop, and its thread would keep a force-stopped crawl alive.
-        self._shutdown = None
-        self._stop_pool()
-
-    def _stop_pool(self) -> None:
-        if self._pool.started and not self._pool.joined:
-            self._pool.stop()
 
 
 class _StatsAndLogs(LeaseEvents):
@@ -467,14 +358,15 @@ class ProxyLeaseMiddleware:
                 f"the hub {self.hub.label} has no enabled proxies: the crawl goes direct "
                 "(add some with `scrapy proxies add URL`)"
             )
-        self._thread = _HubThread()
-        # Per proxy: hosts whose requests through it failed since it last answered.
-        self._failed_hosts: dict[int, set[str]] = {}
+        from twisted.internet import reactor
+
+        self._thread = HubThread(reactor.callFromThread, "proxy-hub")
+        self.judge = ProxyBanJudge(crawler, self.config.ban_rules)
         self.pool = LeasePool(
             proxies,
             Holder.current(),
             self.config.pool_config,
-            _ReactorClock(),
+            LoopClock(reactor.callLater),
             self._thread,
             _StatsAndLogs(self),
         )
@@ -484,6 +376,8 @@ class ProxyLeaseMiddleware:
         mw = cls(crawler)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(mw.pool.stop_waiting, signal=crawl_closing)
+        crawler.signals.connect(mw.settings_changed, signal=live_settings_changed)
         return mw
 
     # --- lifecycle ----------------------------------------------------------------
@@ -503,18 +397,17 @@ class ProxyLeaseMiddleware:
         self.pool.close(lambda: closed.callback(None))
         try:
             await maybe_deferred_to_future(closed)
-            await maybe_deferred_to_future(self._thread.defer(self.hub.close))
-        except Exception as exc:
-            self.pool.events.hub_failed(exc, "releasing proxy leases at close")
         finally:
+            self._thread.run(self.hub.close, lambda _: None, lambda _: None)
             self._thread.stop()
 
-    def reconfigure(self, settings: BaseSettings) -> None:
-        """Take new PROXY_* values while running (rotation, rest, ban verdicts); leases
-        held keep going under the new rules."""
+    def settings_changed(self, settings: BaseSettings, changed: set[str]) -> None:
+        """A job's live PROXY_* values (rotation, rest, ban verdicts); leases held keep
+        going under the new rules."""
         config = ProxyLeaseConfig.from_settings(settings, {"HUB_URL": self.config.hub_url})
         self.config = config
         self.pool.config = config.pool_config
+        self.judge.rules = config.ban_rules
 
     def hub_call(
         self, fn: Callable[[], T], done: Callable[[T], None], failed: Callable[[Exception], None]
@@ -553,7 +446,7 @@ class ProxyLeaseMiddleware:
         try:
             attempt = await maybe_deferred_to_future(leased)
         except PoolClosedError:
-            raise IgnoreRequest("the spider is closing: no proxy leases any more") from None
+            raise not_sent(request, "the crawl is closing: no proxy leases any more") from None
         lease = attempt.lease
         request.meta[META_TOKEN] = attempt.token
         request.meta["proxy"] = lease.proxy_url
@@ -566,10 +459,10 @@ class ProxyLeaseMiddleware:
         token = request.meta.get(META_TOKEN, 0)
         lease = self.pool.lease_of(token)
         if lease is None:
+            self.judge.answered(request, response, None)
             return response
-        self._failed_hosts.pop(lease.proxy_id, None)  # it answered: its failures were the hosts'
         with self._finishing(request, token, nbytes=len(response.body)):
-            banned = self._response_is_ban(request, response)
+            banned = self.judge.answered(request, response, lease.proxy_id)
         finished = self._finish(request, token, nbytes=len(response.body), banned=banned)
         if not banned:
             return response
@@ -582,19 +475,14 @@ class ProxyLeaseMiddleware:
         lease = self.pool.lease_of(token)
         if lease is None:
             return None
-        name = type(exception).__name__
         with self._finishing(request, token, failed=True):
-            verdict = self._spider_verdict("exception_is_ban", request, exception)
-        why = f"looks banned: {name}"
-        if verdict is None and isinstance(exception, ban_exceptions()):
-            fault = await self._proxy_fault(request, lease, name)
-            verdict, why = fault is not None, fault or why
+            why = await self.judge.failed(request, exception, lease.proxy_id, lease.proxy_url)
         if self.pool.lease_of(token) is None:  # dropped while the proxy was probed
             return None
-        finished = self._finish(request, token, failed=True, banned=bool(verdict))
-        if not verdict:
+        finished = self._finish(request, token, failed=True, banned=why is not None)
+        if why is None:
             return None
-        self.stats.inc_value(f"proxy/bans/exception/{name}")
+        self.stats.inc_value(f"proxy/bans/exception/{type(exception).__name__}")
         return self._banned(request, finished, why)
 
     def _wants_proxy(self, request: Request) -> bool:
@@ -622,67 +510,6 @@ class ProxyLeaseMiddleware:
     def _drop(self, request: Request) -> None:
         if self.pool.drop(request.meta.get(META_TOKEN, 0)):
             request.headers.pop(b"Proxy-Authorization", None)
-
-    # --- bans ----------------------------------------------------------------------
-    def _response_is_ban(self, request: Request, response: Response) -> bool:
-        verdict = self._spider_verdict("response_is_ban", request, response)
-        if verdict is not None:
-            return verdict
-        if response.status in self.config.ban_statuses:
-            return True
-        markers = self.config.ban_body_markers
-        return bool(markers) and any(m.encode() in response.body for m in markers)
-
-    async def _proxy_fault(self, request: Request, lease: LeaseView, name: str) -> str | None:
-        """Why a timeout or a refused or dropped connection through *lease* is the
-        proxy's fault, or None: the target's. The proxy is down when a fresh connection
-        to it fails as well; it is failing when it failed so for
-        PROXY_BAN_FAILED_HOSTS different hosts in a row (a response resets the count).
-        A slow or refusing target page alone never bans the proxy that went to it."""
-        if not await self._answers(lease):
-            self.stats.inc_value("proxy/down")
-            return (
-                f"is down: {name}, and a fresh connection to the proxy fails too "
-                "(the proxy's failure, not the target's)"
-            )
-        hosts = self._failed_hosts.setdefault(lease.proxy_id, set())
-        hosts.add(urlparse_cached(request).hostname or "")
-        if len(hosts) >= self.config.ban_failed_hosts:
-            del self._failed_hosts[lease.proxy_id]
-            return f"is failing: {name} for {len(hosts)} different hosts in a row"
-        self.stats.inc_value(f"proxy/target_failures/{name}")
-        logger.debug(
-            "%s on %s through proxy #%d %s, which answers: the target's failure, not a ban",
-            name,
-            request,
-            lease.proxy_id,
-            lease.label,
-        )
-        return None
-
-    async def _answers(self, lease: LeaseView) -> bool:
-        """Whether the proxy accepts a TCP connection within PROBE_TIMEOUT seconds."""
-        from twisted.internet import reactor
-        from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
-        from twisted.internet.protocol import Protocol
-
-        self.stats.inc_value("proxy/probes")
-        parts = urlsplit(lease.proxy_url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        endpoint = HostnameEndpoint(reactor, parts.hostname or "", port, timeout=PROBE_TIMEOUT)
-        try:
-            protocol = await maybe_deferred_to_future(connectProtocol(endpoint, Protocol()))
-        except Exception:  # refused, unreachable, timed out: all say "down"
-            return False
-        protocol.transport.loseConnection()
-        return True
-
-    def _spider_verdict(self, name: str, request: Request, what: Any) -> bool | None:
-        method = getattr(self.crawler.spider, name, None)
-        if not callable(method):
-            return None
-        verdict = method(request, what)
-        return None if verdict is None else bool(verdict)
 
     def _banned(
         self, request: Request, finished: Finished, why: str, status: int | None = None

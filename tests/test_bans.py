@@ -173,3 +173,63 @@ def test_a_refused_connection_bans_its_proxy(banning, tmp_path):
     assert_all_pages_came_through(origin, data_dir, good)
     assert "'proxy/bans': 1" in log
     assert listing == {refusing: "banned", good.url: "free"}
+
+
+class BrokenProxy:
+    """A proxy that accepts every connection and then resets it (``reset``) or never
+    answers (``stall``): a TCP probe finds it alive, every request through it fails."""
+
+    def __init__(self, mode: str) -> None:
+        import socket
+        import struct
+
+        self.mode = mode
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list = []
+        self._linger = struct.pack("ii", 1, 0)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        import socket
+
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            if self.mode == "stall":
+                self.held.append(conn)
+                continue
+            conn.recv(65536)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, self._linger)
+            conn.close()
+
+    def stop(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+def test_proxies_that_reset_or_stall_are_banned_on_a_one_host_crawl(banning, tmp_path):
+    """A pool of a proxy that resets every connection, one that never answers and a good
+    one, all leased at once, one host: the two broken ones are banned (they answer a
+    probe, but fail where the good one gets answers) and every page is stored."""
+    origin, proxies = banning
+    broken = [BrokenProxy("reset"), BrokenProxy("stall")]
+    try:
+        _, data_dir, listed = crawl_through(
+            tmp_path,
+            origin,
+            [broken[0].url, broken[1].url, proxies["ban-good"].url],
+            PROXY_LEASES_PER_PROCESS=3,
+            CONCURRENT_REQUESTS=3,
+            RETRY_ENABLED=1,
+            RETRY_TIMES=3,
+            DOWNLOAD_TIMEOUT=4,
+        )
+    finally:
+        for proxy in broken:
+            proxy.stop()
+    assert listed[broken[0].url] == "banned" and listed[broken[1].url] == "banned", listed
+    assert set(rows_by_url(data_dir)) == {f"{origin.base}/page/{n}" for n in range(PAGES)}

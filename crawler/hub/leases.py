@@ -245,6 +245,7 @@ class LeasePool:
         self._beat_timer: Timer | None = None
         self._beating = False
         self._closed = False
+        self._stopping = False
         self._on_closed: Callable[[], None] | None = None
 
     # --- what the owner reads ---------------------------------------------------------
@@ -328,6 +329,13 @@ class LeasePool:
         self._maybe_release(held)
         return True
 
+    def stop_waiting(self) -> None:
+        """The crawl is closing: requests waiting for a lease fail at once with
+        :class:`PoolClosedError` (they were never sent), and so does any that asks from
+        now on; the leases held stay until :meth:`close`."""
+        self._stopping = True
+        self._wake()
+
     def close(self, done: Callable[[], None]) -> None:
         """Stop the heartbeat, fail the waiting requests, and once the hub calls in flight
         are over, release every lease held; then call *done* (once: a second close does
@@ -345,7 +353,7 @@ class LeasePool:
     def _serve(self, w: _Waiter, acquire: bool = True) -> None:
         if w.settled:
             return
-        if self._closed:
+        if self._closed or self._stopping:
             self._settle(w)
             w.failed(PoolClosedError("the lease pool is closed"))
             return
