@@ -134,6 +134,10 @@ DOWNLOADER_MIDDLEWARES = {
 # Every request ends with an outcome line, whichever component gave up on it
 # (crawler/downloader.py).
 DOWNLOADER = "crawler.downloader.AccountingDownloader"
+# A crawl that is stopping (Ctrl-C, SIGTERM, Slurm's warning signal, CLOSESPIDER_*)
+# lets every request that waits go unsent at once and gives those in flight this many
+# seconds to be answered; the rest are cut, and the next run fetches them.
+CRAWL_CLOSE_GRACE = 5.0
 
 SPIDER_MIDDLEWARES = {
     # Ignored statuses at DEBUG: the action log has their lines, the stats their counts.
@@ -197,6 +201,10 @@ JOB = None
 # Seconds between looks at the job's settings while the crawl runs; the ones listed in
 # extensions/job_settings.py (concurrency, delay, proxy rotation, rest, bans) apply live.
 JOB_REFRESH_SECONDS = 60.0
+# A work-queue URL whose crawl failed (an error after every retry: a 5xx, a timeout)
+# goes back to the queue for a later crawl, this many times in all; then it is kept as
+# failed until `scrapy queue requeue NAME`.
+WORK_MAX_ATTEMPTS = 3
 # Set False to crawl direct even with HUB_URL set.
 PROXY_ENABLED = True
 # A lease runs out this many seconds after its last renewal, so a killed crawl's proxies
@@ -259,6 +267,12 @@ RETRY_BACKOFF_TIMES = 10
 # robots.txt is fetched once per host per cluster and shared through the hub; a stored
 # one older than this many seconds is fetched again.
 HOST_ROBOTS_TTL = 86400.0
+# Parsed robots.txt files kept, for the hosts met last (a host met again after it was
+# dropped has its robots.txt read again, from the hub when there is one).
+ROBOTSTXT_CACHE_HOSTS = 10_000
+# Seconds a robots.txt may take (once retried); one that does not answer counts as
+# none, as Scrapy treats a failed fetch, with a warning naming the host.
+HOST_ROBOTS_TIMEOUT = 10.0
 
 FEED_EXPORT_ENCODING = "utf-8"
 

@@ -49,3 +49,14 @@ def short_url(url: str, limit: int = 200) -> str:
     if len(url) <= limit:
         return url
     return f"{url[: limit - 40]}...({len(url):,} characters)"
+
+
+# The engine started closing the crawl (a signal, CLOSESPIDER, the list's end): whatever
+# holds requests back (host gates, proxy waits, back-offs, robots.txt) lets them go
+# unsent at once; the next run fetches them. No arguments. Sent by crawler/downloader.py.
+crawl_closing = object()
+
+# A job's live settings changed (extensions/job_settings.py). Arguments: settings (every
+# setting's value now, a scrapy Settings) and changed (the names that changed). Each
+# component that reads one of them takes the new value from here.
+live_settings_changed = object()

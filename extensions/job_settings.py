@@ -23,10 +23,9 @@ from crawler.hub import Hub, HubError
 from crawler.hub.db import hub_url
 from crawler.hub.jobchecks import JobSettingError, check_setting
 from crawler.hub.jobs import Job, JobStore
-from middlewares.proxy_lease import ProxyLeaseMiddleware
+from crawler.signals import live_settings_changed
 
 if TYPE_CHECKING:
-    from scrapy import Request
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
@@ -64,8 +63,6 @@ class JobSettingsExtension:
         # said once (by the job addon at the start, or here).
         self.seen: dict[str, str] = dict(settings.getdict("JOB_SETTINGS_READ"))
         self._missing = object()
-        self.delay: float | None = None  # DOWNLOAD_DELAY given to new download slots
-        self.domain_concurrency: int | None = None
         self._hub: Hub | None = None
         self._loop: LoopingCall | None = None
         self._asking = False
@@ -75,7 +72,6 @@ class JobSettingsExtension:
         ext = cls(crawler)
         crawler.signals.connect(ext.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(ext.spider_closed, signal=signals.spider_closed)
-        crawler.signals.connect(ext.request_reached, signal=signals.request_reached_downloader)
         return ext
 
     def spider_opened(self) -> None:
@@ -177,32 +173,6 @@ class JobSettingsExtension:
 
     def _apply_live(self, live: dict[str, str]) -> None:
         values = Settings({**self.crawler.settings.copy_to_dict(), **self.current, **live})
-        downloader = self.crawler.engine.downloader
-        if "CONCURRENT_REQUESTS" in live:
-            downloader.total_concurrency = values.getint("CONCURRENT_REQUESTS")
-        if "CONCURRENT_REQUESTS_PER_DOMAIN" in live:
-            self.domain_concurrency = values.getint("CONCURRENT_REQUESTS_PER_DOMAIN")
-            downloader.domain_concurrency = self.domain_concurrency
-        if "DOWNLOAD_DELAY" in live:
-            self.delay = values.getfloat("DOWNLOAD_DELAY")
-        for slot in downloader.slots.values():
-            self._adjust(slot)
-        if any(key in PROXY_SETTINGS for key in live):
-            mw = self.crawler.get_downloader_middleware(ProxyLeaseMiddleware)
-            if mw is not None:
-                mw.reconfigure(values)
-
-    def _adjust(self, slot: Any) -> None:
-        if self.delay is not None:
-            slot.delay = self.delay
-        if self.domain_concurrency is not None:
-            slot.concurrency = self.domain_concurrency
-
-    def request_reached(self, request: Request) -> None:
-        """A slot made after a change gets the changed delay and concurrency too."""
-        if self.delay is None and self.domain_concurrency is None:
-            return
-        downloader = self.crawler.engine.downloader
-        slot = downloader.slots.get(downloader.get_slot_key(request))
-        if slot is not None:
-            self._adjust(slot)
+        self.crawler.signals.send_catch_log(
+            live_settings_changed, settings=values, changed=set(live)
+        )

@@ -3,29 +3,19 @@
 Scrapy keeps a host to ``DOWNLOAD_DELAY`` and ``CONCURRENT_REQUESTS_PER_DOMAIN`` within
 one process; N processes sharing a host gave it N times that. Here every request first
 waits at its host's gate (:class:`crawler.hub.hostgates.HostGates`) for a slot of the
-hub's host budget (``crawler/hub/hostbudget.py``): at most ``CONCURRENT_REQUESTS_PER_DOMAIN``
-requests in flight to the host and one every ``DOWNLOAD_DELAY`` seconds, all processes
-together. Without ``HUB_URL`` the same budget lives in an in-memory hub of this process.
-
-The interval asked for is the largest of ``DOWNLOAD_DELAY``, the host's robots.txt
-``Crawl-delay`` (capped at ``HOST_CRAWL_DELAY_MAX``) and AutoThrottle's current delay for
-the request's download slot: AutoThrottle still slows a host down on latency, never
-below the budget. Scrapy's own per-process delay and concurrency still apply on top.
-A 429 or 503 answer with ``Retry-After`` (seconds or an HTTP date, capped at
-``HOST_RETRY_AFTER_MAX``) stops every process from asking the host until then; the
-request itself is retried by the retry middleware as any 429 or 503 is.
-
-Every blocking hub call runs in one thread of this middleware's, never on the reactor.
+hub's host budget (``crawler/hub/hostbudget.py``), the limits being the host policy's
+(:class:`crawler.politeness.HostPolicy`: the interval from the delay, the host's
+Crawl-delay and AutoThrottle; the concurrency; back-offs from ``Retry-After``), all
+processes together. Without ``HUB_URL`` the same budget lives in an in-memory hub of
+this process. Every blocking hub call runs in a thread of its own, never on the reactor.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
+import math
 import secrets
-import time
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from scrapy import signals
@@ -34,14 +24,15 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from twisted.internet.defer import Deferred
 
-from crawler.downloader import NotSent
+from crawler.downloader import AccountingDownloader, not_sent
 from crawler.hub import Holder, Hub, HubUnavailableError, InvalidHubURLError
 from crawler.hub.db import hub_url
-from crawler.hub.hostbudget import HostBudgetStore
+from crawler.hub.hostbudget import HostBudgetStore, RobotsEntry
 from crawler.hub.hostgates import GateConfig, GateEvents, HostGates, WaitEpisode
-from crawler.signals import FINAL_OUTCOME
+from crawler.hub.runner import HubThread, LoopClock
+from crawler.politeness import HostPolicy, HostPolicyError
+from crawler.signals import crawl_closing, live_settings_changed
 from crawler.storage.actionlog import Outcome
-from middlewares.proxy_lease import META_LABEL, ProxyLeaseMiddleware, _HubThread, _ReactorClock
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -55,7 +46,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 META_SLOT = "_host_slot"  # (budget key, slot) this attempt went through
-BACKOFF_STATUSES = (429, 503)
+META_WIRE = "_host_slot_sent"  # this attempt reached the wire
+META_LABEL = "proxy_label"  # the proxy of this attempt (middlewares/proxy_lease.py)
 
 
 class HostBudgetConfigError(ValueError):
@@ -64,17 +56,14 @@ class HostBudgetConfigError(ValueError):
 
 @dataclass(frozen=True)
 class HostBudgetConfig:
-    """The settings the host budget reads, once."""
+    """How this process shares host budgets: the hub, and the HOST_* settings of the
+    gates (the limits themselves are the host policy's)."""
 
     hub_url: str | None
-    delay: float
-    concurrency: int
     per_proxy: bool = False
-    slot_ttl: float = 30.0
     slot_seconds: float = 10.0
     poll_seconds: float = 1.0
-    crawl_delay_max: float = 30.0
-    retry_after_max: float = 600.0
+    robots_ttl: float = 86400.0
     connect_timeout: float = 10.0
 
     @classmethod
@@ -84,14 +73,10 @@ class HostBudgetConfig:
         try:
             config = cls(
                 hub_url=hub_url(settings),
-                delay=settings.getfloat("DOWNLOAD_DELAY"),
-                concurrency=settings.getint("CONCURRENT_REQUESTS_PER_DOMAIN"),
                 per_proxy=settings.getbool("HOST_BUDGET_PER_PROXY"),
-                slot_ttl=settings.getfloat("HOST_SLOT_TTL"),
                 slot_seconds=settings.getfloat("HOST_SLOT_SECONDS"),
                 poll_seconds=settings.getfloat("HOST_POLL_SECONDS"),
-                crawl_delay_max=settings.getfloat("HOST_CRAWL_DELAY_MAX"),
-                retry_after_max=settings.getfloat("HOST_RETRY_AFTER_MAX"),
+                robots_ttl=settings.getfloat("HOST_ROBOTS_TTL"),
                 connect_timeout=settings.getfloat("HUB_CONNECT_TIMEOUT"),
             )
         except (TypeError, ValueError) as exc:
@@ -100,37 +85,13 @@ class HostBudgetConfig:
         return config
 
     def check(self) -> None:
-        problems = []
-        if self.slot_ttl <= 1:
-            problems.append("HOST_SLOT_TTL must be > 1 (seconds)")
+        numbers = (self.slot_seconds, self.poll_seconds, self.robots_ttl)
+        if not all(math.isfinite(n) for n in numbers):
+            raise HostBudgetConfigError(
+                "HOST_SLOT_SECONDS, HOST_POLL_SECONDS and HOST_ROBOTS_TTL must be finite"
+            )
         if self.slot_seconds < 0 or self.poll_seconds <= 0:
-            problems.append("HOST_SLOT_SECONDS must be >= 0 and HOST_POLL_SECONDS > 0")
-        if self.crawl_delay_max < 0 or self.retry_after_max < 0:
-            problems.append("HOST_CRAWL_DELAY_MAX and HOST_RETRY_AFTER_MAX must be >= 0")
-        if self.concurrency < 1:
-            problems.append("CONCURRENT_REQUESTS_PER_DOMAIN must be >= 1")
-        if problems:
-            raise HostBudgetConfigError("; ".join(problems))
-
-
-def retry_after_seconds(value: bytes | str | None, now: float | None = None) -> float | None:
-    """Seconds a ``Retry-After`` header asks to wait (a number or an HTTP date), or None
-    when it says nothing usable."""
-    if value is None:
-        return None
-    text = value.decode("latin-1") if isinstance(value, bytes) else value
-    text = text.strip()
-    if not text:
-        return None
-    if text.isdigit():
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
+            raise HostBudgetConfigError("HOST_SLOT_SECONDS must be >= 0 and HOST_POLL_SECONDS > 0")
 
 
 class _Events(GateEvents):
@@ -139,10 +100,10 @@ class _Events(GateEvents):
         self.stats = mw.crawler.stats
 
     def wait_ended(self, episode: WaitEpisode) -> None:
-        self.stats.inc_value("host/wait_episodes")
-        self.stats.inc_value("host/wait_seconds", round(episode.seconds, 3))
         from crawler.signals import action
 
+        self.stats.inc_value("host/wait_episodes")
+        self.stats.inc_value("host/wait_seconds", round(episode.seconds, 3))
         self.mw.crawler.signals.send_catch_log(
             action,
             url=episode.url,
@@ -180,36 +141,37 @@ class HostBudgetMiddleware:
         self.crawler = crawler
         try:
             self.config = HostBudgetConfig.from_settings(crawler.settings)
+            self.policy = HostPolicy.from_settings(crawler.settings)
             self.hub = hub or _open_hub(self.config)
-        except (HostBudgetConfigError, InvalidHubURLError) as exc:
+        except (HostBudgetConfigError, HostPolicyError, InvalidHubURLError) as exc:
             raise UsageError(str(exc)) from None
         try:
-            store = HostBudgetStore.open(self.hub)
+            self.store = HostBudgetStore.open(self.hub)
         except Exception:
             self.hub.close()
             raise
-        self.store = store
         # Two crawls of one process (tests, scripts) are two holders too.
         self.holder = f"{Holder.current()}#{secrets.token_hex(3)}"
-        self.robots_ttl = crawler.settings.getfloat("HOST_ROBOTS_TTL")
-        self._thread = _HubThread()
-        self._crawl_delays: dict[str, float] = {}
-        # Requests that could not go at once, and how long they waited at the gate (for a
-        # slot, or for room among CONCURRENT_REQUESTS once it had one).
+        from twisted.internet import reactor
+
+        self._thread = HubThread(reactor.callFromThread, "host-budget-hub")
         self._waited = 0
         self._wait_seconds = 0.0
-        self._proxies: ProxyLeaseMiddleware | None = None
+        self._proxies: Any = None
+        self._robots: Any = None
+        self.downloader: AccountingDownloader | None = None
         self.gates = HostGates(
-            store,
+            self.store,
             self.holder,
             GateConfig(
-                ttl=self.config.slot_ttl,
+                ttl=self.policy.slot_ttl,
                 slot_seconds=self.config.slot_seconds,
                 poll_seconds=self.config.poll_seconds,
             ),
-            _ReactorClock(),
+            LoopClock(reactor.callLater),
             self._thread,
             _Events(self),
+            gap=lambda interval: self.policy.gap(interval),
         )
 
     @classmethod
@@ -217,6 +179,8 @@ class HostBudgetMiddleware:
         mw = cls(crawler)
         crawler.signals.connect(mw.spider_opened, signal=signals.spider_opened)
         crawler.signals.connect(mw.spider_closed, signal=signals.spider_closed)
+        crawler.signals.connect(mw.gates.stop_waiting, signal=crawl_closing)
+        crawler.signals.connect(mw.settings_changed, signal=live_settings_changed)
         return mw
 
     def spider_opened(self) -> None:
@@ -227,63 +191,33 @@ class HostBudgetMiddleware:
             "Host budgets in %s: DOWNLOAD_DELAY=%g s, CONCURRENT_REQUESTS_PER_DOMAIN=%d "
             "per host%s, all processes together",
             where,
-            self.config.delay,
-            self.config.concurrency,
+            self.policy.delay,
+            self.policy.concurrency,
             " and proxy" if self.config.per_proxy else "",
         )
-        # Requests waiting here do not hold one of CONCURRENT_REQUESTS (the project's
-        # downloader; another keeps them counted as Scrapy's does), and the gates let
-        # no more than that through at once.
-        downloader = getattr(self.crawler.engine, "downloader", None)
-        if hasattr(downloader, "parking"):
-            downloader.parking = self.gates
-            self.gates.max_in_flight = downloader.total_concurrency
-            self._read_start_requests_ahead(2 * downloader.total_concurrency)
+        from middlewares.proxy_lease import ProxyLeaseMiddleware
+        from middlewares.robotstxt import RobotsTxtMiddleware
+
         self._proxies = self.crawler.get_downloader_middleware(ProxyLeaseMiddleware)
-        self._stop_waiting_when_closing()
+        self._robots = self.crawler.get_downloader_middleware(RobotsTxtMiddleware)
+        downloader = getattr(self.crawler.engine, "downloader", None)
+        if isinstance(downloader, AccountingDownloader):
+            # Requests waiting here do not hold one of CONCURRENT_REQUESTS, and the gates
+            # let no more than that through at once.
+            self.downloader = downloader
+            downloader.parking = self.gates
+            downloader.backoff_key = self.key_of
+            downloader.on_wire = self._on_wire
+            downloader.paced_by_gates = True
+            self.gates.backoffs = downloader.backoffs
+            self.gates.max_in_flight = downloader.total_concurrency
+            downloader.read_ahead(2 * downloader.total_concurrency)
         self.gates.start()
 
-    def _read_start_requests_ahead(self, ahead: int) -> None:
-        # Scrapy's engine reads the next start request only once the one before was
-        # handed to the downloader (a reactor turn each), unless the downloader backs
-        # out, when it reads on. Parked requests seldom make it back out, so a list
-        # crawl was fed one request a turn and its fetch places waited for the hub
-        # (the scheduler empty, a fifth of the places idle: docs/benchmarks.md). The
-        # engine waits for that turn through its slot's nextcall.wait() alone: while
-        # fewer than *ahead* requests are scheduled, it reads on.
-        slot = getattr(self.crawler.engine, "_slot", None)
-        nextcall = getattr(slot, "nextcall", None)
-        scheduler = getattr(slot, "scheduler", None)
-        wait = getattr(nextcall, "wait", None)
-        if (
-            wait is None
-            or not inspect.iscoroutinefunction(wait)
-            or not hasattr(scheduler, "__len__")
-        ):
-            return
-
-        async def wait_unless_short() -> None:
-            if len(scheduler) >= ahead:
-                await wait()
-
-        nextcall.wait = wait_unless_short
-
-    def _stop_waiting_when_closing(self) -> None:
-        # A closing engine waits for every request it handed to the downloader: those
-        # waiting here for a host slot would be paced out one by one (up to twice
-        # CONCURRENT_REQUESTS of them, a second apart at DOWNLOAD_DELAY=1) before a
-        # graceful stop ends. They were never sent: they go back at once, unfetched.
-        # Scrapy sends no signal when closing starts; its engine slot's close() is it.
-        slot = getattr(self.crawler.engine, "_slot", None)
-        close = getattr(slot, "close", None)
-        if close is None or not inspect.iscoroutinefunction(close):
-            return
-
-        async def closing() -> None:
-            self.gates.stop_waiting()
-            await close()
-
-        slot.close = closing
+    def settings_changed(self, settings: BaseSettings, changed: set[str]) -> None:
+        self.policy = self.policy.updated(settings)
+        if self.downloader is not None:
+            self.gates.max_in_flight = self.downloader.total_concurrency
 
     async def spider_closed(self) -> None:
         stats = self.crawler.stats
@@ -295,36 +229,38 @@ class HostBudgetMiddleware:
         self.gates.close(lambda: closed.callback(None))
         try:
             await maybe_deferred_to_future(closed)
-            await maybe_deferred_to_future(self._thread.defer(self.hub.close))
+            await self.call(self.hub.close)
         finally:
             self._thread.stop()
 
-    # --- what other components ask and tell ----------------------------------------------
+    # --- what other components ask -------------------------------------------------------
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking hub call in the hub's thread, in order with the budget's own."""
-        return await maybe_deferred_to_future(self._thread.defer(lambda: fn(*args)))
+        answered: Deferred[T] = Deferred()
+        self._thread.run(lambda: fn(*args), answered.callback, answered.errback)
+        return await maybe_deferred_to_future(answered)
 
     def key_of(self, request: Request) -> str:
         host = urlparse_cached(request).hostname or ""
         proxy = request.meta.get(META_LABEL)
         return f"{host} via {proxy}" if self.config.per_proxy and proxy else host
 
-    def crawl_delay(self, host: str, delay: float | None, fetched_here: bool) -> None:
-        """robots.txt of *host* asks for *delay* seconds between requests."""
-        if delay is None or delay <= 0:
-            return
-        if delay > self.config.crawl_delay_max:
-            logger.warning(
-                "robots.txt of %s asks for Crawl-delay: %g s; keeping to HOST_CRAWL_DELAY_MAX=%g s",
-                host,
-                delay,
-                self.config.crawl_delay_max,
-            )
-            self.crawler.stats.inc_value("host/crawl_delay_capped")
-            delay = self.config.crawl_delay_max
-        self._crawl_delays[host] = delay
-        self.crawler.stats.inc_value("host/crawl_delays")
-        self.gates.crawl_delay(host, delay, fetched_here)
+    async def shared_robots(self, netloc: str) -> RobotsEntry | None:
+        """*netloc*'s robots.txt as a process of the cluster stored it, if fresh."""
+        return await self.call(self.store.robots, netloc, self.config.robots_ttl)
+
+    async def claim_robots(self, netloc: str) -> bool:
+        """Whether this process is the one to fetch *netloc*'s robots.txt."""
+        return await self.call(
+            self.store.claim_robots,
+            netloc,
+            self.holder,
+            self.policy.claim_ttl,
+            self.config.robots_ttl,
+        )
+
+    async def put_robots(self, netloc: str, status: int | None, body: bytes) -> None:
+        await self.call(self.store.put_robots, netloc, status, body)
 
     # --- requests -------------------------------------------------------------------
     async def process_request(self, request: Request) -> None:
@@ -336,41 +272,40 @@ class HostBudgetMiddleware:
             # Its proxy lease was given before it waited here and may not be used any
             # more (run out while the hub was away, or banned meanwhile). The slot goes
             # back first: requests still waiting here with that lease must be able to
-            # go and end it, or no other lease comes. Then another lease, and a slot
-            # again (of another key, if the budget is per proxy).
-            self.gates.done(key, slot)
+            # go and end it, or no other lease comes.
+            self.gates.done(key, slot, sent=False)
             await self._proxies.refresh(request)
         request.meta[META_SLOT] = (key, slot)
         self.crawler.stats.inc_value("host/requests")
 
     async def _slot(self, request: Request, key: str) -> tuple[Any, bool]:
         """Wait for a slot of *key* for *request*: (the slot, whether it had to wait)."""
-        host = urlparse_cached(request).hostname or ""
-        interval, why = max(
-            (self.config.delay, "DOWNLOAD_DELAY"),
-            (self._throttle(request), "AutoThrottle"),
-            (self._crawl_delays.get(host, 0.0), "Crawl-delay"),
-        )
+        crawl_delay = self._robots.crawl_delay(request) if self._robots is not None else None
+        interval = self.policy.interval(crawl_delay, self._throttle(request))
         granted: Deferred[Any] = Deferred()
-        asked = time.monotonic()
         self.gates.wait(
             key,
             request.url,
-            interval,
-            self.config.concurrency,
+            interval.seconds,
+            self.policy.concurrency,
             granted.callback,
-            f"{why} {interval:g} s",
+            str(interval),
         )
         waited = not granted.called
+        asked = self.gates.clock.now()
         slot = await maybe_deferred_to_future(granted)
         if waited:
             self._waited += 1
-            self._wait_seconds += time.monotonic() - asked
+            self._wait_seconds += self.gates.clock.now() - asked
         if slot is None or self.gates.closed:
-            # Never sent: no action line (the next run fetches it), no "Gave up".
-            request.meta[FINAL_OUTCOME] = "not_sent"
-            raise NotSent("the spider is closing: no host slots any more")
+            raise not_sent(request, "the crawl is closing: no host slots any more")
         return slot, waited
+
+    def _on_wire(self, request: Request) -> None:
+        held = request.meta.get(META_SLOT)
+        if held is not None:
+            request.meta[META_WIRE] = True
+            self.gates.sent(*held)
 
     def process_response(self, request: Request, response: Response) -> Response:
         self._finished(request, response)
@@ -384,20 +319,19 @@ class HostBudgetMiddleware:
         if held is None:
             return
         key, slot = held
-        if response is not None and response.status in BACKOFF_STATUSES:
-            seconds = retry_after_seconds(response.headers.get(b"Retry-After"))
-            if seconds is not None and seconds > 0:
-                seconds = min(seconds, self.config.retry_after_max)
+        sent = request.meta.pop(META_WIRE, False)
+        if response is not None:
+            seconds = self.policy.backoff(response.status, response.headers.get(b"Retry-After"))
+            if seconds is not None:
                 reason = f"HTTP {response.status}, Retry-After: {seconds:g} s"
                 self.crawler.stats.inc_value("host/backoffs")
                 logger.info("%s answered %s: no process asks it for %g s", key, reason, seconds)
                 self.gates.back_off(key, seconds, reason)
-        self.gates.done(key, slot)
+        self.gates.done(key, slot, sent)
 
     def _throttle(self, request: Request) -> float:
         """AutoThrottle's (or the download slot's) delay for *request*."""
-        engine = self.crawler.engine
-        downloader = getattr(engine, "downloader", None)
+        downloader = self.downloader
         if downloader is None:
             return 0.0
         slot = downloader.slots.get(downloader.get_slot_key(request))

@@ -1,6 +1,7 @@
-"""One host-budget scenario against both hub backends (SQLite, PostgreSQL): slots, send
-times, give-back, concurrency, back-off, Crawl-delay, expiry, renewal, shared robots.txt.
-Both run the same SQL (``crawler/hub/hostbudget.py``); what they answer must not differ."""
+"""One host-budget scenario against both hub backends (SQLite, PostgreSQL): stretches,
+give-back, the line of waiters, units and shares, back-off, expiry, renewal, leaving,
+shared robots.txt; and the schedule's bound under many takers. Both backends must
+answer alike (``crawler/hub/hostbudget.py``)."""
 
 from __future__ import annotations
 
@@ -30,41 +31,46 @@ def _r(x: float) -> float:
 
 def scenario(store: HostBudgetStore) -> list[tuple]:
     seen: list[tuple] = []
-    # One slot of three send times, a second apart; nobody else gets the host meanwhile.
+    # A stretch of three send times, a second apart; nobody else gets the host meanwhile,
+    # and is told to ask again when its times are over.
     (a,) = store.take([HostAsk("a.test", 1.0, 1, count=3)], A, ttl=30)
     (slot,) = a.slots
     seen.append(("slot", _r(slot.start), slot.interval, slot.count))
     (b,) = store.take([HostAsk("a.test", 1.0, 1)], B, ttl=30)
-    seen.append(("busy", b.slots, _r(b.retry_in)))
-    # One request went (just now): the two unused times go back, and the next slot
+    seen.append(("busy", b.slots, _r(b.retry_in), b.queued))
+    # One request went (just now): the two unused times go back, and the next stretch
     # starts one interval after the request that went.
     seen.append(("released", store.release([(slot.slot_id, 0.0)])))
     (b,) = store.take([HostAsk("a.test", 1.0, 1, count=1)], B, ttl=30)
     seen.append(("given back", _r(b.slots[0].start)))
-    # A back-off holds every later slot until it ends.
+    # A back-off holds the key: nothing is given until it ends.
     store.back_off("a.test", 5.0, "HTTP 429, Retry-After: 5")
     store.release([(b.slots[0].slot_id, None)])
     (a,) = store.take([HostAsk("a.test", 1.0, 1)], A, ttl=30)
-    seen.append(("backoff", _r(a.slots[0].start), _r(a.backoff_in), a.backoff_reason))
+    seen.append(("backoff", a.slots, _r(a.retry_in), _r(a.backoff_in), a.backoff_reason))
     # A shorter back-off does not shorten a longer one.
     seen.append(("kept", _r(store.back_off("a.test", 1.0, "HTTP 503"))))
-    # Crawl-delay raises the interval over the asker's own.
-    store.set_crawl_delay("b.test", 2.0)
-    (c,) = store.take([HostAsk("b.test", 0.5, 1, count=2)], A, ttl=30)
-    seen.append(("crawl-delay", c.interval, [_r(t) for t in c.slots[0].times()]))
-    # Concurrency: at most two slots at once, whoever asks; no interval: one open slot.
+    # The interval is the asker's: the store applies it.
+    (c,) = store.take([HostAsk("b.test", 2.0, 1, count=2)], A, ttl=30)
+    seen.append(("interval", c.interval, [_r(t) for t in c.slots[0].times()]))
+    # Without interval: units, at most two at once, whoever asks; one send time each.
     d1, e = store.take([HostAsk("d.test", 0, 2, slots=3), HostAsk("e.test", 0, 4, count=9)], A, 30)
     (d2,) = store.take([HostAsk("d.test", 0, 2)], B, ttl=30)
-    seen.append(("concurrency", len(d1.slots), len(d2.slots), e.slots[0].count))
+    seen.append(("concurrency", len(d1.slots), len(d2.slots), e.slots[0].count, d2.queued))
     # A slot not renewed runs out at its TTL and the host is taken over.
     (f,) = store.take([HostAsk("f.test", 0, 1)], A, ttl=0.3)
     (held,) = store.take([HostAsk("f.test", 0, 1)], B, ttl=30)
     time.sleep(0.5)
     (g,) = store.take([HostAsk("f.test", 0, 1)], B, ttl=30)
     seen.append(("expiry", held.slots, len(g.slots)))
-    renewed = store.renew([d1.slots[0].slot_id, f.slots[0].slot_id, a.slots[0].slot_id], 30)
+    # Renewals: B waits for d.test, so A's share of its two units is one.
+    renewed = store.renew([d1.slots[0].slot_id, f.slots[0].slot_id], 30)
     seen.append(("renewed", d1.slots[0].slot_id in renewed, f.slots[0].slot_id in renewed))
-    seen.append(("renew says back-off", 3 < renewed[a.slots[0].slot_id] < 5))
+    seen.append(("share", renewed[d1.slots[0].slot_id].share))
+    (h,) = store.take([HostAsk("h.test", 0, 1)], A, ttl=30)
+    store.back_off("h.test", 4.0, "HTTP 503, Retry-After: 4")
+    left = store.renew([h.slots[0].slot_id], 30)[h.slots[0].slot_id].backoff_in
+    seen.append(("renew says back-off", 3 < left <= 4))
     # robots.txt: one claim at a time, then everyone reads the stored body.
     seen.append(
         (
@@ -82,80 +88,158 @@ def scenario(store: HostBudgetStore) -> list[tuple]:
         (
             "hosts",
             sorted(states),
-            states["b.test"].crawl_delay,
             states["a.test"].backoff_reason,
             states["d.test"].live_slots,
+            states["d.test"].waiting,
         )
     )
+    # A holder that ends leaves every line, gives its slots back and its claims pass on.
+    store.claim_robots("c.test", A, 30, 3600)
+    store.leave(A)
+    (d3,) = store.take([HostAsk("d.test", 0, 2, slots=2)], B, ttl=30)
+    seen.append(("left", len(d3.slots), store.claim_robots("c.test", B, 30, 3600)))
     return seen
 
 
 def test_both_backends_answer_alike(store):
     assert scenario(store) == [
         ("slot", 0.0, 1.0, 3),
-        ("busy", (), 30.0),
+        ("busy", (), 3.0, False),
         ("released", 1),
         ("given back", 1.0),
-        ("backoff", 5.0, 5.0, "HTTP 429, Retry-After: 5"),
+        ("backoff", (), 5.0, 5.0, "HTTP 429, Retry-After: 5"),
         ("kept", 5.0),
-        ("crawl-delay", 2.0, [2.0, 4.0]),
-        ("concurrency", 2, 0, 1),
+        ("interval", 2.0, [0.0, 2.0]),
+        ("concurrency", 2, 0, 1, False),
         ("expiry", (), 1),
         ("renewed", True, False),
+        ("share", 1),
         ("renew says back-off", True),
         ("claims", True, False),
         ("robots", 200, b"User-agent: *\nCrawl-delay: 2\n", False),
         ("stale", None),
         (
             "hosts",
-            ["a.test", "b.test", "d.test", "e.test", "f.test"],
-            2.0,
+            ["a.test", "b.test", "d.test", "e.test", "f.test", "h.test"],
             "HTTP 429, Retry-After: 5",
             2,
+            1,
         ),
+        ("left", 2, True),
     ]
 
 
+def test_the_line_gives_the_next_stretch_to_who_waited_longest(store):
+    """A holder giving its stretch back and asking again in one call does not keep the
+    host from a process that waits: the waiter gets the next stretch, then the first."""
+    (a,) = store.take([HostAsk("x.test", 0.5, 1, count=2)], A, ttl=30)
+    (waits,) = store.take([HostAsk("x.test", 0.5, 1, count=2)], B, ttl=30)
+    (again,) = store.exchange([(a.slots[0].slot_id, 0.0)], [HostAsk("x.test", 0.5, 1)], A, 30)
+    (turn,) = store.take([HostAsk("x.test", 0.5, 1, count=2)], B, ttl=30)
+    (after,) = store.exchange([(turn.slots[0].slot_id, 0.0)], [HostAsk("x.test", 0.5, 1)], A, 30)
+    assert (waits.slots, again.slots, again.queued) == ((), (), True)
+    assert len(turn.slots) == 1 and _r(turn.slots[0].start) == 0.5
+    assert len(after.slots) == 1
+
+
+@pytest.mark.parametrize("interval", [0.5, 1.0])
+def test_the_schedule_never_runs_ahead_whatever_takers_do(store, hub_url, interval):  # noqa: F811
+    """Six takers of one host, each asking for long stretches and using some of the
+    times, none or all, giving them back, or dying with them (a short TTL): the
+    host's next time in the hub is never more than one interval, plus the longest
+    stretch, ahead of now, and every taker gets turns."""
+    import random
+
+    rng = random.Random(7)
+    count, bound = 20, interval + 20 * interval + 1.0
+    stop = time.monotonic() + 6.0
+    worst: list[float] = []
+    turns: dict[int, int] = {}
+    errors: list[Exception] = []
+
+    def taker(n: int) -> None:
+        with Hub.open(hub_url) as hub:
+            mine = HostBudgetStore.open(hub)
+            try:
+                while time.monotonic() < stop:
+                    ttl = 0.4 if rng.random() < 0.2 else 30  # some die with their stretch
+                    (got,) = mine.take(
+                        [HostAsk("run.test", interval, 1, count=count)], f"t/{n}", ttl
+                    )
+                    ahead = [h.next_at - h_now for h, h_now in _states(mine, hub, "run.test")]
+                    worst.extend(ahead)
+                    if not got.slots:
+                        time.sleep(min(got.retry_in, 0.05))
+                        continue
+                    turns[n] = turns.get(n, 0) + 1
+                    if ttl < 1:
+                        continue  # dies: its stretch runs out
+                    used = rng.choice([0, 1, 3])
+                    ago = None if not used else max(hub.now() - got.hub_now - got.slots[0].start, 0)
+                    mine.release([(got.slots[0].slot_id, ago)])
+            except Exception as exc:  # noqa: BLE001 - the failure is what is checked
+                errors.append(exc)
+
+    threads = [threading.Thread(target=taker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert max(worst) <= bound, max(worst)
+    assert len(turns) == 6, turns
+
+
+def _states(store: HostBudgetStore, hub: Hub, key: str) -> list[tuple]:
+    now = hub.now()
+    return [(h, now) for h in store.hosts([key])]
+
+
 def test_concurrent_takers_never_share_a_schedule(store, hub_url):  # noqa: F811
-    """Eight threads, each with a connection of its own, take send times of one host at
-    once, and release each slot having sent its first request: every time handed out
-    to a live slot is at least the interval from every other."""
-    times: list[float] = []
+    """Eight threads, each with a connection of its own, take stretches of one host at
+    once and give each back having sent its first request: every request sent is at
+    least the interval from every other."""
+    sent: list[float] = []
     lock = threading.Lock()
 
     def taker(n: int) -> None:
         with Hub.open(hub_url) as hub:
             mine = HostBudgetStore.open(hub)
-            for _ in range(5):
+            got = 0
+            while got < 5:
                 (answer,) = mine.take([HostAsk("z.test", 0.25, 64, count=3)], f"t/{n}", 30)
+                if not answer.slots:
+                    time.sleep(0.01)
+                    continue
+                got += 1
+                (slot,) = answer.slots
+                # Sent at its first time (waited for, if ahead): the next stretch goes an
+                # interval after it.
+                at = answer.hub_now + slot.start
+                time.sleep(max(at - hub.now(), 0))
                 with lock:
-                    for s in answer.slots:
-                        times.append(answer.hub_now + s.start)
-                # Sent at its first time: the next slot goes an interval after it.
-                sent = [(s.slot_id, hub.now() - answer.hub_now - s.start) for s in answer.slots]
-                mine.release(sent)
+                    sent.append(at)
+                mine.release([(slot.slot_id, hub.now() - at)])
 
     threads = [threading.Thread(target=taker, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    times.sort()
-    assert len(times) == 8 * 5
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    sent.sort()
+    assert len(sent) == 8 * 5
+    gaps = [b - a for a, b in zip(sent, sent[1:], strict=False)]
     assert min(gaps) >= 0.25 - 1e-6
 
 
 def test_an_exchange_answers_as_a_release_then_a_take(store):
-    """One call that gives slots back and asks for more: the slot given back is free for
-    the ask in the same call (its host's schedule resumes an interval after the request
-    that went), a busy host says when to ask again, a new host is made."""
+    """One call that gives slots back and asks for more: the stretch given back is free
+    for the ask in the same call (its host's schedule resumes an interval after the
+    request that went), a new host is made."""
     (a,) = store.take([HostAsk("x.test", 1.0, 1, count=3)], A, ttl=30)
-    (busy,) = store.exchange([], [HostAsk("x.test", 1.0, 1)], B, 30)
     x, y = store.exchange(
         [(a.slots[0].slot_id, 0.0)], [HostAsk("x.test", 1.0, 1), HostAsk("y.test", 0, 2)], B, 30
     )
-    assert (busy.slots, _r(busy.retry_in)) == ((), 30.0)
     assert [_r(s.start) for s in x.slots] == [1.0]
     assert (len(y.slots), y.slots[0].count) == (1, 1)
     # Releases alone still go; what was released is free to the next taker.
@@ -203,3 +287,16 @@ def test_crossing_exchanges_never_deadlock(store, hub_url):  # noqa: F811
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_stretch_grows_for_its_holder_while_nobody_waits(store):
+    """A holder asking again for a host whose stretch it holds gets more send times on
+    that stretch (reaching no further than its requests from now), until another
+    process waits for the host: then the holder finishes and the other goes next."""
+    (a,) = store.take([HostAsk("g.test", 1.0, 1, count=1)], A, ttl=30)
+    (more,) = store.take([HostAsk("g.test", 1.0, 1, count=3)], A, ttl=30)
+    assert more.slots[0].slot_id == a.slots[0].slot_id
+    assert _r(more.slots[0].start + more.slots[0].count) == 3.0
+    (b,) = store.take([HostAsk("g.test", 1.0, 1)], B, ttl=30)
+    (refused,) = store.take([HostAsk("g.test", 1.0, 1, count=3)], A, ttl=30)
+    assert (b.slots, refused.slots, refused.queued) == ((), (), True)

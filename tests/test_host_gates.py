@@ -4,6 +4,7 @@ SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -138,3 +139,96 @@ def test_places_left_idle_while_requests_wait_for_a_slot_are_counted(rig):
     clock.advance(2.0)
     gates.done("a.test", went["a.test"])
     assert gates.idle_seconds == pytest.approx(2.5)  # nothing waited: nothing idle
+
+
+def test_a_unit_carries_one_request_at_a_time(rig):
+    """No interval, concurrency 1: of three requests one goes, the next when it ends."""
+    gates, calls, clock, runner = rig
+    went: list[str] = []
+    slots: dict[str, Any] = {}
+    for n in range(3):
+        url = f"http://a.test/{n}"
+        gates.wait(
+            "a.test",
+            url,
+            0.0,
+            1,
+            lambda slot, url=url: (went.append(url), slots.setdefault(url, slot)),
+        )
+    assert went == ["http://a.test/0"]
+    gates.done("a.test", slots["http://a.test/0"])
+    assert went == ["http://a.test/0", "http://a.test/1"]
+
+
+def test_a_stretch_keeps_the_interval_from_the_request_on_the_wire(rig):
+    """Interval 1 s, concurrency 4: the first request goes at once; the next not before
+    the first reached the wire, and then a whole interval after it."""
+    gates, calls, clock, runner = rig
+    went: list[Any] = []
+    for n in range(3):
+        gates.wait("b.test", f"http://b.test/{n}", 1.0, 4, went.append)
+    assert len(went) == 1
+    clock.advance(2.0)
+    assert len(went) == 1  # the first is not on the wire yet
+    gates.sent("b.test", went[0])
+    clock.advance(0.9)
+    assert len(went) == 1
+    clock.advance(0.2)
+    assert len(went) == 2  # while the first is still in flight: concurrency 4
+
+
+def test_a_back_off_holds_every_request_of_its_key_until_it_ends(rig):
+    """A back-off of 1 s (told the hub, which keeps time for real): the key's next
+    request waits for its end, here and in the hub."""
+    gates, calls, clock, runner = rig
+    went: list[Any] = []
+    gates.wait("c.test", "http://c.test/0", 0.0, 2, went.append)
+    gates.sent("c.test", went[0])
+    gates.back_off("c.test", 1.0, "HTTP 429, Retry-After: 1 s")
+    gates.done("c.test", went[0])
+    gates.wait("c.test", "http://c.test/1", 0.0, 2, went.append)
+    clock.advance(0.8)
+    assert len(went) == 1
+    time.sleep(1.1)
+    clock.advance(1.5)
+    assert len(went) == 2
+
+
+def test_a_holder_of_units_gives_back_its_share_to_a_process_that_waits(hub_url):  # noqa: F811
+    """Two processes, one host of concurrency 2 without interval: the first takes both
+    units; the second waits in line; at the first's next renewal its share is one, so
+    it gives one unit back once its request ends, and the second process gets it."""
+    with Hub.open(hub_url) as hub:
+        store = HostBudgetStore.open(hub)
+        clock, runner = ManualClock(), InlineRunner()
+        first = HostGates(store, "first", GateConfig(batch_seconds=0), clock, runner)
+        second = HostGates(store, "second", GateConfig(batch_seconds=0), clock, runner)
+        ours: list[Any] = []
+        theirs: list[Any] = []
+        for n in range(4):
+            first.wait("d.test", f"http://d.test/{n}", 0.0, 2, ours.append)
+        second.wait("d.test", "http://d.test/x", 0.0, 2, theirs.append)
+        assert (len(ours), len(theirs)) == (2, 0)
+        first.start()
+        clock.advance(GateConfig().heartbeat + 0.1)  # renewal: share 1
+        first.done("d.test", ours[0])
+        first.done("d.test", ours[1])
+        clock.advance(GateConfig().poll_seconds + 0.1)
+        assert len(theirs) == 1
+        assert len(ours) == 3  # one unit kept: the first goes on too
+
+
+@pytest.mark.parametrize("rig", [0.1], indirect=True)
+def test_a_stretch_shorter_than_the_expiry_margin_is_used(rig):
+    """Two requests at 0.05 s: a stretch of 0.1 s, all of it usable (a stretch counted
+    spent before its first time once left the last requests of a crawl waiting)."""
+    gates, calls, clock, runner = rig
+    went: list[Any] = []
+    for n in range(2):
+        gates.wait("e.test", f"http://e.test/{n}", 0.05, 1, went.append)
+    clock.advance(0.1)  # the two asks gathered: one stretch of two times
+    assert len(went) == 1
+    gates.sent("e.test", went[0])
+    gates.done("e.test", went[0])
+    clock.advance(0.06)
+    assert len(went) == 2

@@ -1,36 +1,34 @@
 """One process's side of the host budgets: requests wait at their host's gate until a
 slot of the hub's (``crawler.hub.hostbudget``) lets them go.
 
-A gate per budget key holds the slots this process took, each with its send times, and
-the requests waiting. A request goes when a slot of its key has no request in flight,
-its next send time has come and no back-off holds the key; the slot then carries that
-request until it finishes. Asks for slots of many keys go to the hub in one call, with
-the releases gathered meanwhile (one round trip where a release and a take took two),
-and renewals in one call too; one call at a time, in the runner's thread, so that the
-hub sees them in the order they were made (a back-off is written before the slot that
-met it is released). A slot is used only while this process knows it alive: until its TTL
-from the last renewal that succeeded, counted from when that renewal was sent. A hub
-that cannot be reached so lets every slot run out here before any other process could
-be given it.
+A gate per budget key holds the slots this process took and the requests waiting. A key
+with an interval goes through its one *stretch* of send times: a request goes at the
+next of them, an interval after the key's last request reached the wire, while fewer
+than the key's concurrency are in flight. A key without interval goes through *units*,
+one request at a time each, keeping no more of them than its share of the key. No
+request goes while the key is backed off (:class:`crawler.politeness.HostBackoffs`).
+
+Asks for slots of many keys go to the hub in one call, with the releases gathered
+meanwhile, and renewals in one call too; one call at a time, in the runner's thread, so
+that the hub sees them in the order they were made (a back-off is written before the
+slot that met it is released). A slot is used only while this process knows it alive:
+until its TTL from the last renewal that succeeded, counted from when that renewal was
+sent, and a stretch no later than its end. A hub that cannot be reached so lets every
+slot run out here before any other process could be given it.
 
 Requests waiting here are *parked*: the downloader (``crawler/downloader.py``) does not
-count them against ``CONCURRENT_REQUESTS`` (it takes in at most twice that many more),
-so that other hosts' requests are fetched while one host's slot is asked for, and asks
-gather into larger calls. A parked request goes only while fewer than
+count them against ``CONCURRENT_REQUESTS``, so that other hosts' requests are fetched
+while one host's slot is asked for. A parked request goes only while fewer than
 ``max_in_flight`` (the crawl's ``CONCURRENT_REQUESTS``) that went through the gates are
-unfinished, so that no more are ever fetched at once. Requests held before the gates
-(waiting for robots.txt) do not count: the robots.txt request they wait for gets
-through.
+unfinished.
 
 Waits are told in episodes: one from the moment a key has a request that cannot go at
-once until the key has no request waiting, with every reason that held requests back.
-An episode is told only when something beyond the process's own pace held it: a
-back-off, a Crawl-delay, other processes holding the host's slots, or the hub's answer
-for a second or more; a wait for the process's own ``DOWNLOAD_DELAY`` or AutoThrottle
-delay, which Scrapy's slot would have made as well, is not.
+once until the key has no request waiting, with every reason that held requests back,
+when something beyond the process's own pace held it: a back-off, a Crawl-delay, other
+processes holding or waiting for the host, or the hub's answer for a second or more.
 
-No Scrapy here: the middleware (``middlewares/host_budget.py``) gives it a clock on the
-reactor and a thread, and tests give it their own.
+No Scrapy here: the middleware (``middlewares/host_budget.py``) gives it a clock and a
+runner, and tests give it their own.
 """
 
 from __future__ import annotations
@@ -41,14 +39,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from crawler.hub.hostbudget import HostAnswer, HostAsk, HostBudgetStore, HostSlot, slots_for
+from crawler.hub.hostbudget import (
+    HostAnswer,
+    HostAsk,
+    HostBudgetStore,
+    HostSlot,
+    Renewal,
+    stretch_length,
+)
 from crawler.hub.leases import Clock, Runner, Timer
+from crawler.politeness import HostBackoffs
 
 logger = logging.getLogger(__name__)
 
-# A slot is not used in the last moments of the TTL it is known to have: a request sent
-# then could still be on its way when another process is given the slot.
+# A slot is not used in the last moments it is known to have: a request sent then could
+# still be on its way when another process is given the slot.
 EXPIRY_MARGIN = 0.1
+# A stretch taken at an interval this much longer than its host's now is given back.
+SLOWER = 1.25
 # Asking again for a slot within this many seconds of an answer that gave none.
 MIN_RETRY = 0.05
 ASKING = "asking the hub"
@@ -60,14 +68,13 @@ ASKING_WAIT_TOLD = 1.0
 @dataclass
 class GateConfig:
     ttl: float = 30.0
-    slot_seconds: float = 10.0  # send times asked at once: this long of a host's schedule
+    slot_seconds: float = 10.0  # a stretch holds this long of a host's schedule at most
     poll_seconds: float = 1.0  # at most this long between asks while requests wait
     # A slot with no request waiting is kept this long for the next one: a host's
     # requests that come one after another then take one slot, not one each.
     linger_seconds: float = 0.5
     # Asks and releases wait this long for others to go in the same call, unless
-    # ``batch_max`` asks wait: fewer calls, each of more hosts (a parked request holds
-    # no fetch of the crawl's while it waits).
+    # ``batch_max`` asks wait: fewer calls, each of more hosts.
     batch_seconds: float = 0.1
     batch_max: int = 16
 
@@ -108,34 +115,35 @@ class GateEvents:
         """A slot was found run out at renewal (taken over after its TTL)."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot:
     slot: HostSlot
     start: float  # local clock of its first send time
     expires: float  # local clock; only ever moved by a renewal that succeeded
+    until: float | None  # a stretch: local clock its requests go before, renewed or not
     used: int = 0
-    busy: bool = False
+    busy: int = 0  # requests in flight through it
     idle_since: float = 0.0
-    last_sent: float | None = None
-    # Given up (a back-off, a longer Crawl-delay): goes back once its request ends,
-    # whatever a renewal says.
-    retired: bool = False
+    last_sent: float | None = None  # its last request on the wire, local clock
+    retired: bool = False  # given up (a back-off, over its share): goes back once idle
+
+    @property
+    def stretch(self) -> bool:
+        return self.slot.interval > 0
+
+    def alive_at(self, t: float) -> bool:
+        """Whether a request may go through it at *t*: before its expiry (with a margin:
+        another process may be given it then) and, a stretch, before its end (which the
+        hub counts as its last send time)."""
+        return t < self.expires - EXPIRY_MARGIN and (self.until is None or t < self.until)
 
     def release_item(self, now: float) -> tuple[int, float | None]:
         """What the hub is told when it goes: its id, seconds since its last request."""
         ago = None if self.last_sent is None else max(now - self.last_sent, 0.0)
         return self.slot.slot_id, ago
 
-    def next_time(self) -> float | None:
-        """When its next send may go, or None when it has no more."""
-        if self.slot.interval <= 0:
-            return self.start
-        if self.used >= self.slot.count:
-            return None
-        return self.start + self.used * self.slot.interval
 
-
-@dataclass
+@dataclass(eq=False)
 class _Gate:
     key: str
     interval: float
@@ -145,10 +153,13 @@ class _Gate:
     asking: bool = False
     retry_at: float = 0.0
     timer: Timer | None = None
-    backoff_until: float = 0.0
-    backoff_reason: str | None = None
     episode: WaitEpisode | None = None
     why: str = ""
+    share: int = 0  # units this process may keep (0: not told yet)
+    queued: bool = False  # other processes are before this one in the key's line
+    in_flight: int = 0
+    unsent: int = 0  # let through, not yet on the wire
+    next_wire: float = 0.0  # the next request goes on the wire no earlier
 
 
 class HostGates:
@@ -160,6 +171,8 @@ class HostGates:
         clock: Clock,
         runner: Runner,
         events: GateEvents | None = None,
+        backoffs: HostBackoffs | None = None,
+        gap: Callable[[float], float] | None = None,
     ) -> None:
         self.store = store
         self.holder = holder
@@ -167,8 +180,11 @@ class HostGates:
         self.clock = clock
         self.runner = runner
         self.events = events or GateEvents()
+        self.backoffs = backoffs or HostBackoffs()
+        # The wait after a request of a key with an interval (jitter lengthens it).
+        self.gap = gap or (lambda interval: interval)
         self._gates: dict[str, _Gate] = {}
-        self._asks: dict[str, HostAsk] = {}
+        self._asks: dict[str, _Gate] = {}  # the gates whose asks gather
         self._releases: list[tuple[int, float | None]] = []
         self._busy = False  # a hub call is out
         self._gathering: float | None = None  # since when asks or releases wait
@@ -184,9 +200,8 @@ class HostGates:
         self.in_flight = 0
         self.max_in_flight = 0
         self._blocked: dict[str, None] = {}
-        # Places among max_in_flight left empty while requests waited here for a slot
-        # or a send time (one that had both would have gone), in place-seconds: what
-        # the gates cost the crawl's fetching, beside the CPU.
+        # Places among max_in_flight left empty while requests waited here, in
+        # place-seconds: what the gates cost the crawl's fetching, beside the CPU.
         self.idle_seconds = 0.0
         self._counted_at: float | None = None
 
@@ -197,11 +212,14 @@ class HostGates:
         url: str,
         interval: float,
         concurrency: int,
-        go: Callable[[_Slot], None],
+        go: Callable[[_Slot | None], None],
         why: str = "",
     ) -> None:
-        """Call *go* with the slot a request of *key* is to go through, once it may;
-        *why*: where *interval* comes from (``Crawl-delay 2 s``), for wait episodes."""
+        """Call *go* with the slot a request of *key* is to go through, once it may (with
+        None once the gates stop); *why*: where *interval* comes from, for episodes."""
+        if self.stopping:
+            go(None)
+            return
         gate = self._gates.get(key)
         if gate is None:
             gate = self._gates[key] = _Gate(key, interval, concurrency)
@@ -209,13 +227,10 @@ class HostGates:
         gate.why = why or f"interval {interval:g} s"
         went: list[bool] = []
 
-        def go_once(slot: _Slot) -> None:
+        def go_once(slot: _Slot | None) -> None:
             went.append(True)
             go(slot)
 
-        if self.stopping:
-            go(None)
-            return
         self._count_idle()
         gate.waiters.append((url, go_once))
         self.parked += 1
@@ -228,48 +243,42 @@ class HostGates:
         else:
             gate.episode.requests += 1
 
-    def done(self, key: str, slot: _Slot) -> None:
-        """The request that went through *slot* has finished."""
+    def sent(self, key: str, slot: _Slot) -> None:
+        """A request that went through *slot* reached the wire."""
+        now = self.clock.now()
+        slot.last_sent = now
+        gate = self._gates.get(key)
+        if gate is not None:
+            gate.next_wire = now + self.gap(gate.interval) if gate.interval > 0 else now
+            gate.unsent = max(gate.unsent - 1, 0)
+            self._dispatch(gate)
+
+    def done(self, key: str, slot: _Slot, sent: bool = True) -> None:
+        """The request that went through *slot* has finished (*sent*: it reached the
+        wire, and :meth:`sent` was told)."""
         self._count_idle()
-        slot.busy = False
+        slot.busy -= 1
         slot.idle_since = self.clock.now()
         self.in_flight -= 1
         gate = self._gates.get(key)
         if gate is not None:
+            gate.in_flight -= 1
+            if not sent:
+                gate.unsent = max(gate.unsent - 1, 0)
             self._dispatch(gate)
         self._room_freed()
 
     def back_off(self, key: str, seconds: float, reason: str) -> None:
         """The host said to wait *seconds*: the hub is told, then this process's slots
-        of the key go back (the one in flight once its request ends), so that the
-        host's slots sit in the hub, under its back-off, not idle here."""
+        of the key go back (those in flight once their requests end)."""
         self._call(lambda: self.store.back_off(key, seconds, reason), lambda _: None, "backing off")
+        self.backoffs.set(key, self.clock.now() + seconds, reason, self.clock.now())
         gate = self._gates.get(key)
         if gate is None:
             return
-        now = self.clock.now()
-        if now + seconds > gate.backoff_until:
-            gate.backoff_until, gate.backoff_reason = now + seconds, reason
         for slot in gate.slots:
             slot.retired = True
         self._dispatch(gate)
-
-    def crawl_delay(self, key: str, delay: float | None, fetched_here: bool) -> None:
-        """robots.txt of *key*'s host asks for *delay* seconds between requests: slots
-        taken under a shorter interval are given up, and (by the process that fetched
-        it) the hub's schedule of the key waits for it."""
-        gate = self._gates.get(key)
-        if gate is not None and delay:
-            gate.interval = max(gate.interval, delay)
-            for slot in gate.slots:
-                if slot.slot.interval < delay:
-                    slot.retired = True
-        if fetched_here:
-            self._call(
-                lambda: self.store.set_crawl_delay(key, delay), lambda _: None, "setting a delay"
-            )
-        if gate is not None:
-            self._dispatch(gate)
 
     # --- the schedule ------------------------------------------------------------------
     def _dispatch(self, gate: _Gate) -> None:
@@ -278,11 +287,17 @@ class HostGates:
         self._count_idle()
         now = self.clock.now()
         wake: float | None = None
+        backoff = self.backoffs.until(gate.key, now)
+        for slot in gate.slots:
+            if slot.stretch and slot.slot.interval > gate.interval * SLOWER + 0.05:
+                # Taken at a longer interval than the host's now (AutoThrottle went
+                # down): given back once idle, and a stretch at the new pace asked for.
+                slot.retired = True
         while gate.waiters:
             slot, at = self._usable(gate, now)
             if slot is None:
                 break
-            at = max(at, gate.backoff_until)
+            at = max(at, backoff)
             if at > now:
                 wake = at
                 break
@@ -290,8 +305,9 @@ class HostGates:
                 self._blocked[gate.key] = None
                 break
             slot.used += 1
-            slot.busy = True
-            slot.last_sent = now
+            slot.busy += 1
+            gate.in_flight += 1
+            gate.unsent += 1
             _, go = gate.waiters.popleft()
             self.parked -= 1
             self.in_flight += 1
@@ -302,7 +318,7 @@ class HostGates:
                 gate.episode.saw(*self._reason(gate))
             # No slot is asked for while the key is backed off: it stays in the hub,
             # under the back-off, for whoever asks once it ends.
-            ask_at = max(gate.retry_at, gate.backoff_until)
+            ask_at = max(gate.retry_at, backoff)
             if wake is None and not gate.asking:
                 if now >= ask_at:
                     self._ask(gate)
@@ -313,9 +329,66 @@ class HostGates:
             self._wake_at(gate, linger)
             self._episode_over(gate, now)
 
+    def _usable(self, gate: _Gate, now: float) -> tuple[_Slot | None, float]:
+        """The slot the next request goes through, and when it may go."""
+        if gate.interval > 0 and (gate.unsent or gate.in_flight >= gate.concurrency):
+            # One at a time to the wire, so that the next keeps an interval from the
+            # last one sent; up to the concurrency in flight.
+            return None, 0.0
+        for slot in gate.slots:
+            at = self._next_send(gate, slot, now)
+            if at is not None and (slot.stretch or gate.interval <= 0):
+                return slot, at
+        return None, 0.0
+
+    @staticmethod
+    def _next_send(gate: _Gate, slot: _Slot, now: float) -> float | None:
+        """When *slot*'s next request may go, or None: it has nothing more to give."""
+        if slot.retired:
+            return None
+        if slot.stretch:
+            if slot.used >= slot.slot.count:
+                return None
+            at = max(slot.start + slot.used * slot.slot.interval, gate.next_wire)
+        elif slot.busy:
+            return None  # a unit carries one request at a time
+        else:
+            at = slot.start
+        return at if slot.alive_at(max(at, now)) else None
+
+    def _drop_spent(self, gate: _Gate, now: float) -> float | None:
+        """Release the slots that have nothing left to give, or were not needed for
+        ``linger_seconds``; return when the next idle one is due to go."""
+        keep = []
+        due: float | None = None
+        for slot in gate.slots:
+            if slot.busy:
+                keep.append(slot)
+                continue
+            spent = self._next_send(gate, slot, now) is None or (
+                not slot.stretch and gate.interval > 0
+            )
+            if not spent and not gate.waiters:
+                idle_end = slot.idle_since + self.config.linger_seconds
+                if idle_end <= now:
+                    spent = True
+                else:
+                    due = idle_end if due is None else min(due, idle_end)
+            if spent:
+                self._releases.append(slot.release_item(now))
+                if not slot.used and gate.waiters:
+                    # Given and not usable (its times past before they came): not asked
+                    # for again at once, or the hub would be asked in a loop.
+                    gate.retry_at = max(gate.retry_at, now + self.config.poll_seconds)
+            else:
+                keep.append(slot)
+        gate.slots = keep
+        if self._releases:
+            self._flush()
+        return due
+
     def _count_idle(self) -> None:
-        """Add the idle places since the last change of ``parked`` or ``in_flight``
-        (every change goes through :meth:`wait`, :meth:`done` or :meth:`_dispatch`)."""
+        """Add the idle places since the last change of ``parked`` or ``in_flight``."""
         now = self.clock.now()
         if self._counted_at is not None and self.max_in_flight > 0 and self.parked:
             free = min(self.max_in_flight - self.in_flight, self.parked)
@@ -333,46 +406,6 @@ class HostGates:
             gate = self._gates.get(key)
             if gate is not None:
                 self._dispatch(gate)
-
-    def _usable(self, gate: _Gate, now: float) -> tuple[_Slot | None, float]:
-        """The free slot whose next send time comes first, and that time."""
-        best: _Slot | None = None
-        best_at = 0.0
-        for slot in gate.slots:
-            at = slot.next_time()
-            if (
-                slot.busy
-                or at is None
-                or slot.retired
-                or slot.expires - EXPIRY_MARGIN <= max(at, now)
-            ):
-                continue
-            if best is None or at < best_at:
-                best, best_at = slot, at
-        return best, best_at
-
-    def _drop_spent(self, gate: _Gate, now: float) -> float | None:
-        """Release the slots with no send time left, run out here, or not needed for
-        ``linger_seconds``; return when the next idle one is due to go."""
-        keep = []
-        due: float | None = None
-        for slot in gate.slots:
-            at = slot.next_time()
-            spent = at is None or slot.retired or slot.expires - EXPIRY_MARGIN <= max(now, at)
-            if not spent and not slot.busy and not gate.waiters:
-                idle_end = slot.idle_since + self.config.linger_seconds
-                if idle_end > now:
-                    due = idle_end if due is None else min(due, idle_end)
-                    keep.append(slot)
-                    continue
-            if slot.busy or not (spent or not gate.waiters):
-                keep.append(slot)
-                continue
-            self._releases.append(slot.release_item(now))
-        gate.slots = keep
-        if self._releases:
-            self._flush()
-        return due
 
     def _wake_at(self, gate: _Gate, at: float | None) -> None:
         if at is None:
@@ -392,12 +425,14 @@ class HostGates:
         """What holds *gate*'s requests back, and whether it is beyond the process's
         own pace (see the module's docstring)."""
         now = self.clock.now()
-        if gate.backoff_until > now:
-            return f"back-off ({gate.backoff_reason})", True
-        if gate.slots and gate.interval > 0 and not all(s.busy for s in gate.slots):
-            return gate.why, gate.why.startswith("Crawl-delay")
+        if self.backoffs.until(gate.key, now) > now:
+            return f"back-off ({self.backoffs.reason(gate.key)})", True
         if gate.slots:
+            if gate.interval > 0 and gate.in_flight < gate.concurrency:
+                return gate.why, gate.why.startswith("Crawl-delay")
             return f"concurrency {gate.concurrency}", False
+        if gate.queued:
+            return "other processes' turn at the host", True
         if gate.retry_at > now:
             return "concurrency held by other processes", True
         return ASKING, False
@@ -409,24 +444,50 @@ class HostGates:
             if episode.told or episode.seconds >= ASKING_WAIT_TOLD and episode.reason == ASKING:
                 self.events.wait_ended(episode)
         # Forget idle keys, so that memory follows the hosts in flight, not all seen.
-        idle = not gate.slots and not gate.asking and gate.timer is None
-        if idle and gate.backoff_until <= now:
+        if not gate.slots and not gate.asking and gate.timer is None and not gate.in_flight:
             self._gates.pop(gate.key, None)
+
+    @staticmethod
+    def _fit_share(gate: _Gate, share: int) -> None:
+        """Keep no more units of *gate* than its *share* (other processes wait for the
+        key): the idle ones go back first, the others once their requests end."""
+        gate.share = share
+        units = [s for s in gate.slots if not s.stretch and not s.retired]
+        for slot in sorted(units, key=lambda s: s.busy)[: max(len(units) - share, 0)]:
+            slot.retired = True
 
     # --- the hub ------------------------------------------------------------------------
     def _ask(self, gate: _Gate) -> None:
-        # A slot busy with a request in flight serves no waiter until it ends: waiters
-        # beyond the free slots need slots of their own, up to the concurrency.
-        free = sum(1 for s in gate.slots if not s.busy and not s.retired)
-        wanted = min(len(gate.waiters) - free, gate.concurrency - len(gate.slots))
-        if wanted <= 0:
+        if self._wanted(gate) is None:
             return
-        count = slots_for(gate.interval, self.config.slot_seconds, len(gate.waiters))
         gate.asking = True
-        self._asks[gate.key] = HostAsk(
-            gate.key, gate.interval, gate.concurrency, count=count, slots=wanted
-        )
+        self._asks[gate.key] = gate
         self._flush()
+
+    def _wanted(self, gate: _Gate) -> HostAsk | None:
+        """What to ask the hub for *gate* now (None: nothing): made when the call goes,
+        so that the requests that came while the asks gathered are counted."""
+        if gate.interval > 0:
+            # A stretch held with fewer send times left than requests waiting is
+            # extended (the hub says no while another process waits for the host);
+            # one that was given up goes back before the next is asked for.
+            held = [s for s in gate.slots if s.stretch]
+            if any(s.retired for s in held):
+                return None
+            now = self.clock.now()
+            left = sum(
+                s.slot.count - s.used for s in held if self._next_send(gate, s, now) is not None
+            )
+            if held and left >= len(gate.waiters):
+                return None
+            count = stretch_length(gate.interval, self.config.slot_seconds, len(gate.waiters))
+            return HostAsk(gate.key, gate.interval, gate.concurrency, count=count, slots=1)
+        free = sum(1 for s in gate.slots if not s.busy and not s.retired)
+        most = min(gate.concurrency, gate.share or gate.concurrency)
+        wanted = min(len(gate.waiters) - free, most - len(gate.slots))
+        if wanted <= 0:
+            return None
+        return HostAsk(gate.key, 0.0, gate.concurrency, count=1, slots=wanted)
 
     def _flush(self) -> None:
         """Send what has gathered, one call at a time: calls made in order at once,
@@ -454,14 +515,19 @@ class HostGates:
 
     def _flush_one(self) -> None:
         # Calls made in order first (a back-off before the release of the slot that
-        # met it), then releases and asks in one call, the releases first (a slot given
-        # back before this process asks again).
+        # met it), then releases and asks in one call, the releases first.
         if self._queue:
             self._queue.popleft()()
             return
         releases, self._releases = self._releases, []
-        asks = [] if self.closed else list(self._asks.values())
-        self._asks = {}
+        gathered, self._asks = list(self._asks.values()), {}
+        asks = []
+        for gate in [] if self.closed else gathered:
+            ask = self._wanted(gate)
+            if ask is None:
+                gate.asking = False
+            else:
+                asks.append(ask)
         self._gathering = None
         if not asks:
             if releases:
@@ -508,20 +574,35 @@ class HostGates:
         now = self.clock.now()
         for answer in answers:
             gate = self._gates.get(answer.key)
-            if gate is None:
+            if gate is None or self.closed:
                 self._releases.extend((s.slot_id, None) for s in answer.slots)
                 continue
-            gate.asking = False
+            gate.asking, gate.queued = False, answer.queued
+            self._fit_share(gate, answer.share)
+            held = {s.slot.slot_id: s for s in gate.slots}
+            grown = False
             for slot in answer.slots:
-                gate.slots.append(_Slot(slot, now + slot.start, sent + slot.ttl))
+                # Local times: its sends no earlier than the hub's (now is later than
+                # the hub's answer), its end and expiry no later (sent is earlier).
+                until = None if slot.until is None else sent + slot.until
+                extended = held.get(slot.slot_id)
+                if extended is None:
+                    gate.slots.append(_Slot(slot, now + slot.start, sent + slot.ttl, until))
+                    grown = True
+                    continue
+                # More send times on a stretch held.
+                grown = grown or slot.count > extended.slot.count
+                extended.slot = slot
+                extended.until = max(extended.until or 0.0, until or 0.0)
+                extended.expires = max(extended.expires, sent + slot.ttl)
             if answer.backoff_in > 0:
-                until = now + answer.backoff_in
-                if until > gate.backoff_until:
-                    gate.backoff_until, gate.backoff_reason = until, answer.backoff_reason
-            if not answer.slots:
-                wait = min(max(answer.retry_in, MIN_RETRY), self.config.poll_seconds)
-                gate.retry_at = now + wait
+                reason = answer.backoff_reason or "told by the hub"
+                self.backoffs.set(answer.key, now + answer.backoff_in, reason, now)
+            if not grown:
+                gate.retry_at = now + min(max(answer.retry_in, MIN_RETRY), self.config.poll_seconds)
             self._dispatch(gate)
+        if self._releases:
+            self._flush()
 
     def _not_answered(self, asks: list[HostAsk]) -> None:
         now = self.clock.now()
@@ -543,27 +624,27 @@ class HostGates:
         held = {s.slot.slot_id: s for g in self._gates.values() for s in g.slots}
         sent = self.clock.now()
 
-        def renewed(alive: dict[int, float]) -> None:
+        def renewed(alive: dict[int, Renewal]) -> None:
             for slot_id, slot in held.items():
-                gate = self._gates.get(slot.slot.key)
-                if slot_id not in alive:
+                renewal = alive.get(slot_id)
+                if renewal is None:
                     slot.expires = min(slot.expires, sent)
                     self.events.slot_lost(slot.slot.key)
-                else:
-                    slot.expires = max(slot.expires, sent + slot.slot.ttl)
-                    if gate is not None and alive[slot_id] > 0:
-                        self.back_off_locally(gate, sent + alive[slot_id])
+                    continue
+                slot.expires = max(slot.expires, sent + slot.slot.ttl)
+                gate = self._gates.get(slot.slot.key)
+                if gate is not None:
+                    self._fit_share(gate, renewal.share)
+                if renewal.backoff_in > 0:
+                    self.backoffs.set(
+                        slot.slot.key, sent + renewal.backoff_in, "told by the hub", sent
+                    )
             for gate in list(self._gates.values()):
                 self._dispatch(gate)
 
         if held:
             self._call(lambda: self.store.renew(held, self.config.ttl), renewed, "renewing")
         self._beat = self.clock.call_later(self.config.heartbeat, self._heartbeat)
-
-    @staticmethod
-    def back_off_locally(gate: _Gate, until: float) -> None:
-        if until > gate.backoff_until:
-            gate.backoff_until, gate.backoff_reason = until, "told by the hub"
 
     # --- closing ------------------------------------------------------------------------
     def stop_waiting(self) -> None:
@@ -576,8 +657,8 @@ class HostGates:
             go(None)
 
     def close(self, done: Callable[[], None]) -> None:
-        """Release every slot; *done* once the hub has been told (or failed to be).
-        Requests still waiting are called with no slot."""
+        """Give every slot back and leave every key's line; *done* once the hub has
+        been told (or failed to be). Requests still waiting are called with no slot."""
         now = self.clock.now()
         waiting = self._take_waiters(now)
         releases = self._releases
@@ -585,14 +666,14 @@ class HostGates:
         for gate in self._gates.values():
             releases.extend(s.release_item(now) for s in gate.slots)
             gate.slots = []
-        if self._beat is not None and self._beat.active():
-            self._beat.cancel()
-        if self._batch_timer is not None and self._batch_timer.active():
-            self._batch_timer.cancel()
+        for timer in (self._beat, self._batch_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
         self.closed = True
         self._asks.clear()
         if releases:
             self._call(lambda: self.store.release(releases), lambda _: None, "releasing slots")
+        self._call(lambda: self.store.leave(self.holder), lambda _: None, "leaving")
         self._queue.append(done)
         self._flush()
         for go in waiting:
@@ -616,3 +697,10 @@ class HostGates:
     @property
     def waiting(self) -> int:
         return sum(len(g.waiters) for g in self._gates.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """What the gates hold and wait on now, as plain data (for a live view)."""
+        return {
+            "held": sorted(k for k, g in self._gates.items() if g.slots),
+            "waiting": {k: len(g.waiters) for k, g in self._gates.items() if g.waiters},
+        }
