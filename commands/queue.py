@@ -11,7 +11,7 @@ from scrapy.exceptions import UsageError
 from crawler.cli import pick_action, say_on_stderr, tidy_parser
 from crawler.spiderkit.partition import MODES, PartitionError, check_mode
 
-ARGUMENTS = {"load": 2, "status": 1, "stats": 1}
+ARGUMENTS = {"load": 2, "status": 1, "stats": 1, "requeue": 1}
 
 
 class Command(ScrapyCommand):
@@ -20,7 +20,7 @@ class Command(ScrapyCommand):
     default_settings = {"LOG_ENABLED": False}
 
     def syntax(self) -> str:
-        return "load|status|stats NAME [URLS|-]"
+        return "load|status|stats|requeue NAME [URLS|-]"
 
     def short_desc(self) -> str:
         return "Load a URL list into a hub work queue (HUB_URL); show progress"
@@ -29,7 +29,8 @@ class Command(ScrapyCommand):
         return (
             "  scrapy queue load NAME URLS|- [--partition domain|host|url]\n"
             "  scrapy queue status NAME\n"
-            "  scrapy queue stats NAME\n\n"
+            "  scrapy queue stats NAME\n"
+            "  scrapy queue requeue NAME\n\n"
             "Work queues feed the Slurm queue mode (slurm/submit --queue): tasks lease "
             "batches of URLs from them. `load` adds a URL list (one URL a line, - for "
             "standard input) to the queue NAME, created if new; loading the same list "
@@ -40,8 +41,10 @@ class Command(ScrapyCommand):
             "at a time fetches a site, or to as many as its host budget lets ask at once "
             "(CONCURRENT_REQUESTS_PER_DOMAIN with HOST_BUDGET_ENABLED, the default); "
             "url: batches of any URLs. `status` shows how many "
-            "URLs are done, leased, expired and pending; `stats` adds failures, the speed over the last 10 minutes, the ETA "
-            "and the batches each host holds. The hub is named by the HUB_URL setting or "
+            "URLs are done, leased, expired, pending and failed; `stats` adds failures, the speed over the last 10 minutes, the ETA "
+            "and the batches each host holds. A URL whose crawl failed (an error after every "
+            "retry) goes back to the queue, up to WORK_MAX_ATTEMPTS times in all; `requeue` "
+            "puts the ones that failed that often back to pending. The hub is named by the HUB_URL setting or "
             "environment variable."
         )
 
@@ -75,6 +78,8 @@ class Command(ScrapyCommand):
                     print(admin.load(*rest, check_mode(partition), holders, say_on_stderr))
                 elif action == "stats":
                     print(admin.stats(*rest))
+                elif action == "requeue":
+                    print(admin.requeue(*rest))
                 else:
                     print(admin.status(*rest))
         except PartitionError as exc:

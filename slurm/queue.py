@@ -13,7 +13,6 @@ holder took it over) has its crawl stopped: the new holder fetches its URLs.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import subprocess
@@ -24,7 +23,8 @@ from pathlib import Path
 
 from crawler.hub import Holder, Hub, WorkBatch, WorkQueue
 from crawler.hub.db import hub_url
-from crawler.hub.workqueue import item_key, unit_holders
+from crawler.hub.workqueue import MAX_ATTEMPTS, item_key, unit_holders
+from crawler.storage.actionlog import failed_keys
 from crawler.storage.datadir import DataDir
 from slurm.forkserver import ForkedProcess
 from slurm.runner import EXIT_FAILED, EXIT_FINISHED, EXIT_INTERRUPTED, TaskConfig, TaskRunner
@@ -44,30 +44,16 @@ class Slot:
     lost: bool = False  # its batch's lease was lost: the crawl was told to stop
 
 
-def failed_urls(log: Path, offset: int, urls: Iterable[str]) -> int:
-    """How many of *urls* ended ``error`` in the action log lines past *offset* (the
-    crawl of one batch): each listed URL ends with one final line."""
-    keys = {item_key(url) for url in urls}
-    final: dict[str, str] = {}
-    try:
-        with open(log, "rb") as stream:
-            stream.seek(offset)
-            for raw in stream:
-                try:
-                    line = json.loads(raw)
-                except ValueError:  # a line cut short by a killed crawl
-                    continue
-                key, outcome = line.get("key"), line.get("outcome")
-                if key in keys and outcome != "retry":
-                    final[key] = outcome
-    except FileNotFoundError:
-        return 0
-    return sum(1 for outcome in final.values() if outcome == "error")
+def failed_urls(log: Path, offset: int, urls: Iterable[str]) -> list[str]:
+    """The *urls* that ended ``error`` in the action log lines past *offset* (the crawl
+    of one batch): each listed URL ends with one final line."""
+    by_key = {item_key(url): url for url in urls}
+    return sorted(by_key[key] for key in failed_keys(log, offset, by_key))
 
 
-def crawl_holders(args: Sequence[str]) -> int:
-    """How many holders of a unit the crawls' settings allow (``unit_holders``): the
-    project's settings, with the ``-s KEY=VALUE`` of the crawls' arguments over them."""
+def crawl_settings(args: Sequence[str]):
+    """The crawls' settings: the project's, with the ``-s KEY=VALUE`` of the crawls'
+    arguments over them."""
     from scrapy.utils.project import get_project_settings
 
     settings = get_project_settings()
@@ -75,7 +61,7 @@ def crawl_holders(args: Sequence[str]) -> int:
         if flag == "-s" and "=" in value:
             key, _, setting = value.partition("=")
             settings.set(key, setting, priority="cmdline")
-    return unit_holders(settings)
+    return settings
 
 
 class QueueTaskRunner(TaskRunner):
@@ -88,7 +74,9 @@ class QueueTaskRunner(TaskRunner):
         self.slots = [Slot(k) for k in range(config.procs)]
         self.stopping = False
         self.failed = False
-        self.holders = crawl_holders(config.scrapy_args)
+        settings = crawl_settings(config.scrapy_args)
+        self.holders = unit_holders(settings)
+        self.max_attempts = settings.getint("WORK_MAX_ATTEMPTS", MAX_ATTEMPTS)
         self.renew_every = max(min(config.lease_ttl / 3, 60.0), 0.5)
         self.poll_every = max(min(config.lease_ttl / 4, 10.0), 0.5)
 
@@ -177,7 +165,7 @@ class QueueTaskRunner(TaskRunner):
             if complete:
                 log = DataDir(self.config.stage / f"p{slot.k}").action_log_path
                 failed = failed_urls(log, slot.log_offset, batch.urls)
-                ok = self.queue.done(batch, failed)
+                ok = self.queue.done(batch, failed, self.max_attempts)
             else:
                 ok = self.queue.release(batch)
         except Exception as exc:  # its lease expires and another task takes it over

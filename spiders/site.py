@@ -128,6 +128,7 @@ class SiteSpider(scrapy.Spider):
         from crawler.hub.db import hub_url
         from crawler.hub.workqueue import unit_holders
         from crawler.spiderkit.jobqueue import JobQueueUrls
+        from crawler.storage.datadir import DataDir
 
         job = crawler.settings.get("JOB") or os.environ.get("HUB_JOB")
         if not job:
@@ -136,7 +137,12 @@ class SiteSpider(scrapy.Spider):
                 "input), or -s JOB=NAME to crawl a job's work queue"
             )
         holders = unit_holders(crawler.settings)
-        queue = JobQueueUrls(hub_url(crawler.settings, required=True), job, holders)
+        queue = JobQueueUrls(
+            hub_url(crawler.settings, required=True),
+            job,
+            holders,
+            crawler.settings.getint("WORK_MAX_ATTEMPTS"),
+        )
 
         def lost(batches) -> None:
             for batch, keys in batches:
@@ -153,7 +159,11 @@ class SiteSpider(scrapy.Spider):
         # Hub calls block: in a thread, the loop waiting for each before the next.
         renewing = task.LoopingCall(lambda: deferToThread(queue.renew).addCallback(lost))
 
+        log = DataDir.from_settings(crawler.settings).action_log_path
+        since = [0]  # this run's lines start there
+
         def opened() -> None:
+            since[0] = log.stat().st_size if log.exists() else 0
             renewing.start(queue.ttl / 3, now=False)
 
         async def stopped() -> None:
@@ -165,7 +175,7 @@ class SiteSpider(scrapy.Spider):
             ok = stats.get_value("finish_reason") == "finished" and not stats.get_value(
                 "archive/error"
             )
-            await maybe_deferred_to_future(deferToThread(queue.finish, ok))
+            await maybe_deferred_to_future(deferToThread(queue.finish, ok, log, since[0]))
 
         crawler.signals.connect(opened, signal=signals.spider_opened, weak=False)
         crawler.signals.connect(stopped, signal=signals.engine_stopped, weak=False)

@@ -235,13 +235,54 @@ def test_stats_say_speed_eta_failures_and_who_holds_what(queue):
     a = queue.lease("node1/11", 10, ttl=60)
     queue.lease("node1/12", 5, ttl=60)
     queue.lease("node2/13", 5, ttl=60)
-    assert queue.done(a, failed=3)
+    # Worked for 100 s: the rate is over those, not over the 10 min window.
+    queue.hub.execute("UPDATE hub_work_leases SET started = started - 100")
+    assert queue.done(a, failed=list(a.urls[:3]))
     stats = queue.stats(window=600)
     p = stats.progress
-    assert (p.done, p.leased, p.pending, stats.failed) == (10, 10, 5, 3)
+    assert (p.done, p.leased, p.pending, stats.failed) == (7, 10, 8, 3)
     assert stats.held_by_host == {"node1": (1, 5), "node2": (1, 5)}
-    assert stats.done_recently == 10 and stats.rate == 10 / 600
-    assert stats.eta == 15 / (10 / 600)
+    assert stats.done_recently == 7 and 100 <= stats.window < 110
+    assert stats.eta == pytest.approx(18 / (7 / stats.window))
     text = QueueAdmin(queue.hub).stats("q1")
-    assert "25 total, 5 pending, 10 leased" in text and "10 done (3 failed)" in text
-    assert "ETA 15 min 00 s" in text and "node2" in text
+    assert "25 total, 8 pending, 10 leased" in text and "7 done, 0 failed for good" in text
+    assert "ETA 4 min" in text and "node2" in text
+
+
+def test_a_failed_url_goes_back_until_it_failed_too_often_then_waits_for_a_requeue(hub_url):  # noqa: F811
+    """A batch done with one URL failed: that URL is pending again (counted), leased by
+    the next batch; failed a third time (WORK_MAX_ATTEMPTS) it is kept as failed, the
+    queue finished, until ``requeue`` puts it back."""
+    with Hub.open(hub_url) as hub:
+        queue = WorkQueue(hub, "flaky")
+        queue.load(URLS[:3])
+        bad = URLS[1]
+        batch = queue.lease("a", 10, ttl=60)
+        assert queue.done(batch, [bad], max_attempts=3)
+        assert (queue.progress().done, queue.progress().pending) == (2, 1)
+        for attempt in (2, 3):
+            again = queue.lease("b", 10, ttl=60)
+            assert again.urls == (bad,), attempt
+            assert queue.done(again, [bad], max_attempts=3)
+        progress = queue.progress()
+        assert (progress.failed, progress.pending, progress.finished) == (1, 0, True)
+        assert queue.lease("c", 10, ttl=60) is None
+        assert "failed 1" in QueueAdmin(hub).status("flaky")
+        assert "1 failed URL(s) pending again" in QueueAdmin(hub).requeue("flaky")
+        assert queue.lease("c", 10, ttl=60).urls == (bad,)
+
+
+def test_the_eta_comes_from_the_queue_s_own_rate(hub_url):  # noqa: F811
+    """A queue worked for a few seconds: its rate is over those seconds, not over the
+    whole window (10 URLs done in ~2 s is ~5 URLs/s, not 10 in 10 minutes)."""
+    with Hub.open(hub_url) as hub:
+        queue = WorkQueue(hub, "quick")
+        queue.load(URLS[:20])
+        batch = queue.lease("a", 10, ttl=60)
+        hub.execute(
+            "UPDATE hub_work_leases SET started = started - 2 WHERE id = ?", (batch.lease_id,)
+        )
+        assert queue.done(batch)
+        stats = queue.stats(window=600)
+        assert 2.0 <= stats.window <= 10.0 and stats.rate >= 1.0
+        assert stats.eta is not None and stats.eta < 20

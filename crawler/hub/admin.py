@@ -243,6 +243,11 @@ class QueueAdmin:
         queue = WorkQueue(self.hub, name, create=False)
         return f"queue {name!r}: {queue.progress().line()}"
 
+    def requeue(self, name: str) -> str:
+        """Put the failed URLs of queue *name* back to pending."""
+        count = WorkQueue(self.hub, name, create=False).requeue()
+        return f"queue {name!r}: {count:,} failed URL(s) pending again"
+
     def stats(self, name: str, window: float = 600.0) -> str:
         """Progress, failures, speed and ETA of queue *name*, and who holds its batches."""
         stats = WorkQueue(self.hub, name, create=False).stats(window)
@@ -251,8 +256,9 @@ class QueueAdmin:
         lines = [
             f"queue {name!r} in {self.hub.label}",
             f"URLs: {p.total:,} total, {p.pending:,} pending, {p.leased:,} leased, "
-            f"{p.expired:,} under expired leases, {p.done:,} done ({stats.failed:,} failed)",
-            f"speed: {stats.rate:,.1f} URLs/s over the last {window / 60:g} min; ETA "
+            f"{p.expired:,} under expired leases, {p.done:,} done, {p.failed:,} failed "
+            f"for good ({stats.failed:,} failed attempts put back or kept)",
+            f"speed: {stats.rate:,.1f} URLs/s over the last {_duration(stats.window)}; ETA "
             + (
                 "done"
                 if eta == 0

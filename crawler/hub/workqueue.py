@@ -31,7 +31,7 @@ over :class:`crawler.hub.admin.QueueAdmin`) load a list and show a queue's progr
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from typing import Any
@@ -43,7 +43,10 @@ from crawler.hub.locks import AdvisoryLock
 from crawler.spiderkit.partition import PartitionError, check_mode, queue_unit
 from crawler.storage.keys import request_key
 
-WORK_SCHEMA_VERSION = 5
+WORK_SCHEMA_VERSION = 6
+# A URL whose crawl failed is put back this many times at most, then kept as failed
+# until `scrapy queue requeue` (WORK_MAX_ATTEMPTS).
+MAX_ATTEMPTS = 3
 LOAD_CHUNK = 5000
 
 # Numbered migrations of the work tables, kept apart from the proxy tables' own.
@@ -104,6 +107,9 @@ _WORK_MIGRATIONS: dict[int, list[str]] = {
             PRIMARY KEY (queue_id, unit)
         )""",
     ],
+    # A URL whose crawl failed goes back to pending, counted, up to a limit; then it
+    # stays 'failed' until requeued by hand.
+    6: ["ALTER TABLE hub_work_items ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0"],
 }
 
 # The units of a queue that have as many live leases as they allow, or as the asker
@@ -239,20 +245,23 @@ class QueueProgress:
     expired: int  # under a lease that expired and was not taken over yet
     done: int
     holders: int  # live leases
+    failed: int = 0  # failed as often as allowed: kept until requeued
 
     @property
     def total(self) -> int:
-        return self.pending + self.leased + self.expired + self.done
+        return self.pending + self.leased + self.expired + self.done + self.failed
 
     @property
     def finished(self) -> bool:
-        return self.total > 0 and self.done == self.total
+        return self.total > 0 and self.done + self.failed == self.total
 
     def line(self) -> str:
         pct = 100.0 * self.done / self.total if self.total else 0.0
+        failed = f", failed {self.failed:,} (`scrapy queue requeue`)" if self.failed else ""
         return (
             f"done {self.done:,}/{self.total:,} ({pct:.1f}%), leased {self.leased:,} "
-            f"by {self.holders} holders, expired {self.expired:,}, pending {self.pending:,}"
+            f"by {self.holders} holders, expired {self.expired:,}, pending "
+            f"{self.pending:,}{failed}"
         )
 
 
@@ -263,7 +272,7 @@ class QueueStats:
     progress: QueueProgress
     failed: int  # URLs of finished batches that failed, as their tasks reported
     done_recently: int  # URLs done in the last `window` seconds
-    window: float
+    window: float  # seconds: the window, or how long the queue has been worked, if less
     held_by_host: dict[str, tuple[int, int]]  # host -> (live leases, URLs under them)
 
     @property
@@ -274,7 +283,7 @@ class QueueStats:
     @property
     def eta(self) -> float | None:
         """Seconds until every URL is done at the current rate; None when nothing moves."""
-        left = self.progress.total - self.progress.done
+        left = self.progress.total - self.progress.done - self.progress.failed
         if left == 0:
             return 0.0
         return left / self.rate if self.rate > 0 else None
@@ -552,10 +561,36 @@ class WorkQueue:
         )
         return changed == 1
 
-    def done(self, batch: WorkBatch, failed: int = 0) -> bool:
-        """Mark the batch's items done (final), *failed* of them failed (for stats);
-        False if the lease ended before."""
-        return self._end(batch, "done", failed)
+    def done(
+        self, batch: WorkBatch, failed: Collection[str] = (), max_attempts: int = MAX_ATTEMPTS
+    ) -> bool:
+        """Mark the batch's items done, but for the *failed* URLs (an error after every
+        retry: a 5xx, a timeout): each goes back to pending for another crawl, or once
+        it failed *max_attempts* times stays failed until :meth:`requeue`. False if the
+        lease ended before."""
+        if not self._end(batch, "done", len(failed)):
+            return False
+        if failed:
+            with self.hub.transaction() as tx:
+                tx.executemany(
+                    "UPDATE hub_work_items SET attempts = attempts + 1, "
+                    "state = CASE WHEN attempts + 1 >= ? THEN 'failed' ELSE 'pending' END, "
+                    "lease_id = CASE WHEN attempts + 1 >= ? THEN lease_id END "
+                    "WHERE queue_id = ? AND ukey = ? AND lease_id = ?",
+                    [
+                        (max_attempts, max_attempts, self.queue_id, item_key(url), batch.lease_id)
+                        for url in sorted(set(failed))
+                    ],
+                )
+        return True
+
+    def requeue(self) -> int:
+        """Put every failed URL back to pending, its count of failures reset; how many."""
+        return self.hub.execute(
+            "UPDATE hub_work_items SET state = 'pending', lease_id = NULL, attempts = 0 "
+            "WHERE queue_id = ? AND state = 'failed'",
+            (self.queue_id,),
+        )
 
     def release(self, batch: WorkBatch) -> bool:
         """Give the batch back: its items are pending again; False if the lease ended."""
@@ -589,7 +624,7 @@ class WorkQueue:
             "WHERE i.queue_id = ? GROUP BY 1, 2, 3",
             (self.queue_id,),
         )
-        counts = {"pending": 0, "leased": 0, "expired": 0, "done": 0}
+        counts = {"pending": 0, "leased": 0, "expired": 0, "done": 0, "failed": 0}
         for state, end_reason, expired, n in rows:
             if state == "leased" and end_reason == "done":
                 state = "done"
@@ -604,13 +639,16 @@ class WorkQueue:
         return QueueProgress(holders=int(holders), **counts)
 
     def stats(self, window: float = 600.0) -> QueueStats:
-        """Progress, failures, the rate over the last *window* seconds, leases per host."""
-        failed, recent = self.hub.query(
+        """Progress, failures, the rate over the last *window* seconds (or since the
+        queue's first lease, if later), leases per host."""
+        failed, recent, worked = self.hub.query(
             "SELECT COALESCE(SUM(failed), 0), COALESCE(SUM(CASE WHEN ended >= NOW() - ? "
-            "THEN items ELSE 0 END), 0) FROM hub_work_leases "
+            "THEN items - failed ELSE 0 END), 0), NOW() - MIN(started) FROM hub_work_leases "
             "WHERE queue_id = ? AND end_reason = 'done'",
             (window, self.queue_id),
         )[0]
+        if worked is not None:
+            window = min(window, max(float(worked), 1.0))
         held: dict[str, tuple[int, int]] = {}
         for holder, items in self.hub.query(
             "SELECT holder, items FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "

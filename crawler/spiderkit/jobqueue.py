@@ -2,8 +2,10 @@
 
 ``scrapy crawl site -s JOB=NAME`` without ``-a urls`` leases the queue's pending URLs
 in batches (as Slurm tasks in queue mode do, ``crawler/hub/workqueue.py``), renews
-its leases while it runs, and at its end marks its batches done when it finished, or
-gives them back when it stopped early, so that the next crawl of the job takes them.
+its leases while it runs, and at its end marks its batches done when it finished (the
+URLs that failed after every retry go back to the queue, up to ``WORK_MAX_ATTEMPTS``
+times), or gives them back when it stopped early, so that the next crawl of the job
+takes them.
 
 Every call here asks the hub and blocks: the crawl makes them in threads, never on the
 reactor (``blocking``; the hub's connection is thread-safe).
@@ -14,11 +16,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 from scrapy.exceptions import UsageError
 
 from crawler.hub import Holder, Hub, HubUnavailableError, WorkBatch, WorkQueue, WorkQueueError
 from crawler.hub.jobs import JobStore
+from crawler.hub.workqueue import MAX_ATTEMPTS
+from crawler.storage.actionlog import failed_keys
 
 logger = logging.getLogger(__name__)
 
@@ -30,9 +35,16 @@ class JobQueueUrls:
     # Its batches are leased from the hub: read in a thread (crawler/spiderkit/start.py).
     blocking = True
 
-    def __init__(self, hub_url: str, job: str, holders: int | None = None):
+    def __init__(
+        self,
+        hub_url: str,
+        job: str,
+        holders: int | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ):
         # The lease time Slurm tasks in queue mode use; renewed every third of it.
         self.ttl = float(os.environ.get("WORK_LEASE_TTL") or 300)
+        self.max_attempts = max_attempts
         self.hub = Hub.open(hub_url)
         try:
             queue = JobStore(self.hub).get(job).queue
@@ -85,11 +97,18 @@ class JobQueueUrls:
                 lost.append((batch, keys))
         return lost
 
-    def finish(self, finished: bool) -> None:
-        """Mark the batches done (the crawl finished its list) or give them back."""
+    def finish(self, finished: bool, log: Path | None = None, since: int = 0) -> None:
+        """Mark the batches done (the crawl finished its list), the URLs this run's
+        action log (*log*, from byte *since*) says failed put back for another crawl;
+        or give the batches back (it stopped early)."""
         try:
             for batch in self.held:
-                self.queue.done(batch) if finished else self.queue.release(batch)
+                if not finished:
+                    self.queue.release(batch)
+                    continue
+                keys = {_key(url): url for url in batch.urls}
+                failed = failed_keys(log, since, keys) if log is not None else set()
+                self.queue.done(batch, [keys[k] for k in failed], self.max_attempts)
         finally:
             self.held = []
             self.hub.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 from json.encoder import encode_basestring
 from pathlib import Path
@@ -146,3 +147,24 @@ def read(path: str | os.PathLike) -> list[dict]:
             if line.endswith("\n"):
                 out.append(json.loads(line))
     return out
+
+
+def failed_keys(path: str | os.PathLike, offset: int, keys: Iterable[str]) -> set[str]:
+    """The *keys* whose final line past byte *offset* (one run's lines) is ``error``:
+    the URLs that run failed after every retry."""
+    wanted = set(keys)
+    final: dict[str, str] = {}
+    try:
+        with open(path, "rb") as stream:
+            stream.seek(offset)
+            for raw in stream:
+                try:
+                    line = json.loads(raw)
+                except ValueError:  # a line cut short by a killed crawl
+                    continue
+                key, outcome = line.get("key"), line.get("outcome")
+                if key in wanted and outcome not in NOT_FINAL:
+                    final[key] = outcome
+    except FileNotFoundError:
+        return set()
+    return {key for key, outcome in final.items() if outcome == Outcome.ERROR}
