@@ -4,7 +4,6 @@ opened in Chromium; empty and missing directories; a Slurm-style DATA/; --watch.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -12,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,14 +18,13 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.hub import Hub, ProxyPool, WorkQueue, redact_url
-from crawler.render import BrowserNotFoundError, find_browser
 from spiders.products import ProductsSpider
 from tests import launcher
+from tests.browser import Chromium
 from tests.conftest import ROOT, crawl_env, write_urls
 from tests.crawls import crawl, crawl_site, crawled
 from tests.polling import wait_until
 from tests.proxy_servers import proxy_pool  # noqa: F401
-from tests.servers import need
 
 # Each run's rates, then the whole data directory's.
 FIGURES = ("status", "types", "hosts", "host-rates", "proxies", "leases", "items")
@@ -71,17 +68,6 @@ def demo_urls(base: str) -> list[str]:
 
 
 # --- reading the page in Chromium ------------------------------------------------------------
-def chromium_path() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        need("Playwright is not installed (pip install scrapy-playwright)")
-    try:
-        return find_browser(os.environ.get("CHROMIUM_PATH"))
-    except BrowserNotFoundError:
-        need("Chromium is not installed (Debian: apt-get install chromium)")
-
-
 MARKS_JS = """name => Array.from(
     document.querySelectorAll(`#plot-${name} svg [id^="${name}-mark-"]`)
 ).filter(e => { const b = e.getBBox(); return b.width > 0 || b.height > 0; }).length"""
@@ -101,44 +87,6 @@ TITLES_JS = """() => Array.from(document.querySelectorAll('figure.plot')).map(f 
 OVERFLOW_JS = "() => document.documentElement.scrollWidth - window.innerWidth"
 
 
-class Chromium:
-    """One browser for the module's pages, each read in a context of its own.
-
-    Playwright's sync API refuses a thread whose asyncio loop runs (pytest-twisted's),
-    and wants every call from the thread that started it: one thread of its own."""
-
-    def __init__(self):
-        self.pool = ThreadPoolExecutor(1)
-        self.playwright = self.browser = None
-
-    def read(self, path: Path, width: int) -> dict:
-        return self.pool.submit(self._read, path, width).result(timeout=300)
-
-    def _read(self, path: Path, width: int) -> dict:
-        if self.browser is None:
-            from playwright.sync_api import sync_playwright
-
-            executable = chromium_path()
-            self.playwright = sync_playwright().start()
-            self.browser = self.playwright.chromium.launch(
-                executable_path=executable, args=["--no-sandbox"], headless=True
-            )
-        context = self.browser.new_context(viewport={"width": width, "height": 900})
-        try:
-            return read_page(context, path)
-        finally:
-            context.close()
-
-    def close(self) -> None:
-        def stop():
-            if self.browser is not None:
-                self.browser.close()
-                self.playwright.stop()
-
-        self.pool.submit(stop).result(timeout=120)
-        self.pool.shutdown()
-
-
 _CHROMIUM: list[Chromium] = []
 
 
@@ -153,7 +101,7 @@ def open_in_chromium(path: Path, width: int = 1280) -> dict:
     """Load the page; returns console messages, page errors, marks per figure and stats."""
     if not _CHROMIUM:
         _CHROMIUM.append(Chromium())
-    return _CHROMIUM[0].read(path, width)
+    return _CHROMIUM[0].run(read_page, path, width=width)
 
 
 def read_page(context, path: Path) -> dict:
