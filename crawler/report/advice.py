@@ -1,8 +1,8 @@
-"""What to do about each cause of failure the report names (``logread.error_kind``)."""
+"""What to do about each cause of failure the report names (``crawler.storage.actionlog.error_kind``)."""
 
 from __future__ import annotations
 
-from crawler.report.logread import BAD_LINE_KIND, ROBOTS_KIND
+from crawler.storage.actionlog import BAD_LINE_KIND, ROBOTS_KIND
 
 AGAIN = "Not stored, so the next run of the same list tries them again."
 SLOW_DOWN = (

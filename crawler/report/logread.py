@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from crawler.storage.actionlog import FAILED, OUTCOMES
+from crawler.storage.actionlog import FAILED, OUTCOMES, error_kind
 
 logger = logging.getLogger(__name__)
 
@@ -45,27 +45,6 @@ HOST_BIN_SECONDS = 10
 MAX_HOST_BINS = 512
 MAX_RATE_HOSTS = 200
 _CRAWL_DELAY = re.compile(r"Crawl-delay ([0-9.]+) s")
-
-_STATUS = re.compile(r"(?:HTTP )?([1-5]\d\d)\b")
-_LIST_LINE = re.compile(r"\S+:\d+: ")
-ROBOTS_KIND = "forbidden by robots.txt"
-BAD_LINE_KIND = "bad line in the URL list"
-
-
-def error_kind(error: str | None, status: int | None) -> str:
-    """One name per cause of failure, whoever wrote the line: ``HTTP 500`` for a
-    retry's "500 Internal Server Error" as for the final error, the exception's class
-    name without its module, a bad line of the URL list whatever its file."""
-    if error:
-        head = error.split(":", 1)[0].strip()
-        if match := _STATUS.fullmatch(head) or _STATUS.match(error):
-            return f"HTTP {match.group(1)}"
-        if "robots.txt" in error.lower() and "forbidden" in error.lower():
-            return ROBOTS_KIND
-        if _LIST_LINE.match(error):
-            return BAD_LINE_KIND
-        return head.rsplit(".", 1)[-1][:60] or "error"
-    return f"HTTP {status}" if status else "unknown"
 
 
 def host_of(url: str) -> str:
