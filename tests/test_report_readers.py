@@ -14,8 +14,8 @@ import pytest
 from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts, redact_url
 from crawler.report import logread
 from crawler.report.advice import advice
-from crawler.report.html import lease_spans
 from crawler.report.logread import MAX_BINS, LogFollower, LogStats, read_action_log
+from crawler.report.model import lease_spans
 from crawler.report.sources import ReportError, read_hub
 from crawler.storage import actionlog
 from tests.servers import need
