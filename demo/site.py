@@ -55,6 +55,8 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
+from crawler.helptext import ToolHelpFormatter
+
 WORDS = [
     "archive",
     "crawler",
@@ -455,7 +457,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m demo.site", description=__doc__, formatter_class=ToolHelpFormatter
     )
     parser.add_argument("--pages", type=int, default=3000)
     parser.add_argument("--page-bytes", type=int, default=3000)

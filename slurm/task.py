@@ -1,8 +1,9 @@
 """One Slurm array task: crawl processes on node-local disk, shipped to shared storage.
 
-    python -m slurm.task --urls URLS --data DATA --stage STAGE --task I --tasks N \\
-        [--procs P] [--spider site] [--name NAME] [--ship-every MINUTES]
-        [--partition domain|host|url] [--no-fork-server] [-- scrapy args]
+    python -m slurm.task --urls URLS --data DATA --stage STAGE \\
+        --task I --tasks N [--procs P] [--spider site] [--name NAME]
+        [--ship-every MINUTES] [--partition domain|host|url]
+        [--no-fork-server] [-- scrapy args]
 
 Crawl process k of task I crawls shard ``I*P+k`` of ``N*P`` (``-a shard=``, split by
 ``--partition``: ``-a partition=``, default the ``CRAWL_PARTITION`` setting) into
@@ -44,13 +45,16 @@ import os
 import sys
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.spiderkit.partition import MODES
 from slurm.queue import run_queue
 from slurm.runner import TaskConfig, TaskRunner
 
 
 def parse_args(argv: list[str]) -> TaskConfig:
-    parser = argparse.ArgumentParser(prog="python -m slurm.task", description=__doc__)
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, prog="python -m slurm.task", description=__doc__
+    )
     parser.add_argument("--urls", required=True, type=Path)
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--stage", required=True, type=Path)
