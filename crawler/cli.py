@@ -146,7 +146,7 @@ def exit_now(code: int, sig: int | None = None) -> NoReturn:
     them), stdout and stderr flushed; but without the teardown that frees every object
     and module one by one, which nothing a command leaves depends on (as many
     instructions as parsing six stored pages; a second after a crawl on a loaded node:
-    docs/benchmarks.md). ``multiprocessing``'s children end without it too.
+    the history of docs/benchmarks.md). ``multiprocessing``'s children end without it too.
 
     Not under Scrapy's ``--profile``, whose statistics are written after the command
     returns.

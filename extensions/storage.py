@@ -107,7 +107,7 @@ class StorageExtension:
             )
         # Per-response counts are kept here and added to the stats once a second (and
         # at the end): Scrapy's stats collector hooks every attribute access, which
-        # cost more per response than counting here (docs/benchmarks.md).
+        # cost more per response than counting here (the history of docs/benchmarks.md).
         self._counts: dict[str, int] = {}
         self._pusher = task.LoopingCall(self._push_counts)
         # Keys fetched or stored by this run but not yet committed, and the requests
