@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed
 install: $(STAMP)
 
 # The stamp makes `make install` a no-op while requirements.txt is unchanged.
-# uv installs the same pinned set in about a third of pip's time (docs/benchmarks.md);
+# uv installs the same pinned set in about a third of pip's time (measured: the history
+# of docs/benchmarks.md);
 # it reads no pip.conf, so where it cannot reach an index pip does the install.
 $(STAMP): requirements.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,7 +21,7 @@ $(STAMP): requirements.txt
 
 # The project's bytecode, written ahead: where PYTHONDONTWRITEBYTECODE is set (CI
 # machines, some clusters) every crawl process would compile the project's modules
-# again at start, ~15% of a crawl process's start-up (docs/benchmarks.md). Quick when
+# again at start, ~15% of a crawl process's start-up (the history of docs/benchmarks.md). Quick when
 # nothing changed.
 PROJECT_PACKAGES := addons benchmarks commands crawler demo extensions middlewares pipelines slurm spiders
 

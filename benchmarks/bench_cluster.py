@@ -34,6 +34,7 @@ from pathlib import Path
 
 import psutil
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.hub import Hub, ProxyPool, WorkQueue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -324,7 +325,9 @@ def _transactions(hub: Hub) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_cluster")
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, prog="python -m benchmarks.bench_cluster"
+    )
     defaults = RehearsalConfig()
     for name in ("tasks", "procs", "proxies", "urls", "batch"):
         parser.add_argument(f"--{name}", type=int, default=getattr(defaults, name))

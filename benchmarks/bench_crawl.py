@@ -38,6 +38,7 @@ from pathlib import Path
 
 import psutil
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.storage.datadir import DataDir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -308,7 +309,9 @@ def _each(ratios: list[float]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--pages", type=int, default=5000)
     parser.add_argument("--big", type=int, default=50000)
     parser.add_argument("--rounds", type=int, default=5, help="rounds of (a) then (b)")

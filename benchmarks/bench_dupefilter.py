@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
+
 ROOT = Path(__file__).resolve().parent.parent
 
 FEED = """
@@ -77,7 +79,9 @@ def run(requests: int = 3_000_000, memory: int | None = None) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--requests", type=int, default=3_000_000)
     parser.add_argument("--memory", type=int, default=None)
     args = parser.parse_args()

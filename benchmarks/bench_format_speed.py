@@ -23,6 +23,7 @@ from pathlib import Path
 
 from benchmarks.bench_crawl import Nginx, make_site
 from benchmarks.bench_speed import ROOT, Run, crawl, median, table
+from crawler.helptext import ToolHelpFormatter
 
 FORMATS = {
     "(2) crawl site, ARCHIVE_FORMAT=warc": ["-s", "ARCHIVE_FORMAT=warc"],
@@ -102,7 +103,9 @@ def run(pages: int = 5000, rounds: int = 3, workdir: Path | None = None) -> list
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="1,000 pages, one round")
     parser.add_argument("--pages", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)

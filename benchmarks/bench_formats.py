@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.storage.datadir import DataDir
 from crawler.storage.records import Fetch
 from crawler.storage.store import Store, StoreConfig
@@ -63,7 +64,9 @@ def store_all(name: str, pages: list[Fetch], root: Path) -> tuple[float, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--pages", type=int, default=3000)
     parser.add_argument("--page-bytes", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=3)

@@ -52,6 +52,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.hub import Hub
 from crawler.hub.hostbudget import HostAsk, HostBudgetStore
 
@@ -484,7 +485,9 @@ def main() -> None:
         url, seconds, start_at, seed = sys.argv[2:6]
         churn(url, float(seconds), float(start_at), int(seed))
         return
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_hosts")
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, prog="python -m benchmarks.bench_hosts"
+    )
     parser.add_argument("--hosts", type=int, default=5000)
     parser.add_argument("--procs", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.storage.items import ItemRow, PageItems
 from crawler.storage.records import Fetch
 from crawler.storage.store import StoreConfig
@@ -179,7 +180,9 @@ def run(items: int = 200_000, pages: int = 2000, runs: int = 6) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--items", type=int, default=200_000)
     parser.add_argument("--pages", type=int, default=2000)
     parser.add_argument("--runs", type=int, default=6, help="rounds of the products crawl")

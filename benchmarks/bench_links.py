@@ -16,6 +16,7 @@ from lxml import etree
 from lxml.html import iterlinks
 from scrapy.http import HtmlResponse
 
+from crawler.helptext import ToolHelpFormatter
 from demo.site import DemoSite
 
 _HREFS = etree.XPath("//a/@href", smart_strings=False)
@@ -56,7 +57,9 @@ def timed(fn, response: HtmlResponse, rounds: int, repeats: int = 5) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--page-bytes", type=int, default=50_000)
     args = parser.parse_args()

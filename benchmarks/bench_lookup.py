@@ -18,6 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.storage.catalog import Catalog
 
 BATCH = 256
@@ -100,7 +101,9 @@ def run(rows: int = 10_000_000, workdir: Path | None = None) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--rows", type=int, default=10_000_000)
     args = parser.parse_args()
     for line in run(args.rows):

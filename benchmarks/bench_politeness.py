@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from tests.hostservers import HostServers
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,7 +122,9 @@ def measure(label: str, workdir: Path, names: list[str], counts: list[int], proc
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--hosts", type=int, default=40)
     parser.add_argument("--per-host", type=int, default=25)
     parser.add_argument("--delay", type=float, default=1.0)

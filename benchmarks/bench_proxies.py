@@ -29,6 +29,7 @@ import time
 import uuid
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.hub import Hub, ProxyPool, WorkQueue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -249,7 +250,9 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_proxies")
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, prog="python -m benchmarks.bench_proxies"
+    )
     parser.add_argument("--seconds", type=float, default=CHURN_SECONDS, help="per lease run")
     parser.add_argument("--pages", type=int, default=PAGES, help="pages per crawl (0: none)")
     parser.add_argument("--proxies", type=int, default=PROXIES, help="proxies in the pool")

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from warcio.archiveiterator import ArchiveIterator
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.reparse.plan import ReparseConfig
 from crawler.reparse.runner import Reparse
 from crawler.storage.catalog import Catalog
@@ -103,7 +104,9 @@ def run(pages: int = PAGES, data_dir: Path = DATA) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--pages", type=int, default=PAGES)
     parser.add_argument("--data", type=Path, default=DATA)
     args = parser.parse_args()

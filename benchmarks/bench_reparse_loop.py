@@ -63,6 +63,7 @@ from pathlib import Path
 
 from benchmarks import parse_loop
 from benchmarks.bench_reparse import build_corpus
+from crawler.helptext import ToolHelpFormatter
 from crawler.reparse.plan import ReparseConfig
 from crawler.reparse.runner import Reparse, Reparser
 from crawler.storage.datadir import DataDir
@@ -448,7 +449,9 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--pages", type=int, default=PAGES)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data", type=Path)

@@ -20,6 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
+
 ROOT = Path(__file__).resolve().parent.parent
 
 MEASURE = """
@@ -101,7 +103,9 @@ def run(lines: int = 1_000_000, hours: float = 12.0) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--hours", type=float, default=12.0)
     args = parser.parse_args()

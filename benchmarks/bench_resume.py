@@ -34,6 +34,8 @@ from pathlib import Path
 
 import psutil
 
+from crawler.helptext import ToolHelpFormatter
+
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = [
     "-s", "LOG_LEVEL=INFO", "-s", "LOG_QUIET=0",  # the stats dump is read
@@ -243,7 +245,9 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--urls", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)

@@ -21,6 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
+
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["-s", "LOG_LEVEL=WARNING", "-s", "PROGRESS_INTERVAL=0", "-s", "LOGSTATS_INTERVAL=0"]
 
@@ -77,7 +79,9 @@ def run(pages: int = 500, rounds: int = 2) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--pages", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()

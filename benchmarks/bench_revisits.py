@@ -37,6 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.storage.catalog import Catalog
 from crawler.storage.records import Row, payload_digest
 
@@ -333,7 +334,9 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--pages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--index-rows", type=int, default=200_000)

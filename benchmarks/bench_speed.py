@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.bench_crawl import WORDS, Nginx, _stats, make_site
+from crawler.helptext import ToolHelpFormatter
 
 ROOT = Path(__file__).resolve().parent.parent
 # The same for every run (issue 13), so that the ratios measure what differs.
@@ -326,7 +327,9 @@ def run(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--quick", action="store_true", help="small sizes, one round")
     parser.add_argument("--pages", type=int, help="list crawl: URLs (5000)")
     parser.add_argument("--big", type=int, help="the big list crawl: URLs, 0: none (50000)")

@@ -24,6 +24,7 @@ from pathlib import Path
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 from scrapy.http import HtmlResponse
 
+from crawler.helptext import ToolHelpFormatter
 from spiders.products import parse_product
 
 
@@ -85,7 +86,9 @@ def parse_on(data_dir: Path, processes: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, description=__doc__.splitlines()[0]
+    )
     parser.add_argument("data_dir", type=Path)
     parser.add_argument("--processes", type=int, default=1)
     args = parser.parse_args()

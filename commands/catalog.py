@@ -7,7 +7,7 @@
     scrapy catalog export --format parquet|csv [-o FILE]
     scrapy catalog export --table NAME --format parquet|csv|jsonl [-o FILE]
     scrapy catalog index [-o OUT.cdxj]
-    scrapy catalog wacz OUT.wacz
+    scrapy catalog wacz [OUT.wacz]
     scrapy catalog report [-o report.html] [--watch SECONDS]
 
 Exit status: 0 on success, 1 when verify found problems (or rebuild skipped unreadable
@@ -66,7 +66,8 @@ Actions:
 - export [--format parquet|csv] [-o FILE]: the catalog; with --table NAME an
   item table as Parquet, CSV or JSON lines (default under DATA_DIR/derived/)
 - index [-o OUT.cdxj]: a sorted CDXJ index of the WARCs
-- wacz OUT.wacz [--title TITLE]: WARCs + index + pages as a WACZ
+- wacz [OUT.wacz] [--title TITLE]: WARCs + index + pages as a WACZ (default
+  DATA_DIR/derived/crawl.wacz)
 - report [-o FILE] [--watch SECONDS]: an HTML page of plots, one section per
   run (default DATA_DIR/derived/report.html; --watch rewrites it every SECONDS)
 
@@ -187,11 +188,7 @@ unreadable records), 2 for bad arguments."""
     def do_wacz(self, rest, opts) -> int:
         from crawler.tools.wacz import WaczBuilder
 
-        target = rest[0] if rest else opts.output
-        if not target:
-            raise UsageError(
-                "give the WACZ file to write: scrapy catalog wacz OUT.wacz", print_help=False
-            )
+        target = rest[0] if rest else opts.output or self.datadir.derived_dir / "crawl.wacz"
         path = WaczBuilder(self.data_dir, Path(target), title=opts.title).run()
         print(f"wrote {path}")
         return 0

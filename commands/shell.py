@@ -80,7 +80,8 @@ class Command(ScrapyShellCommand):
         self.problem = data_dir_problem(datadir, self.settings)
         # Offline reads only: no lock to try (a read-only data directory will do).
         free = True if self.problem or offline(self.settings) else datadir.is_free()
-        if not free and (self.settings.get("ARCHIVE_SHELL") or "archive") == "archive":
+        self.free = free
+        if not free and not args and mode(self.settings) == "archive":
             logger.warning(
                 "%s is in use by a crawl: URLs fetched live are not stored", datadir.root
             )
@@ -104,6 +105,8 @@ class Command(ScrapyShellCommand):
             print(f"error: {problem}", file=sys.stderr)
             self.exitcode = 1
             return
+        if args and (said := where_from(self.settings, args[0], self.free)):
+            print(said, file=sys.stderr)
         try:
             super().run(args, opts)
         finally:
@@ -112,7 +115,7 @@ class Command(ScrapyShellCommand):
 
 
 def offline(settings) -> bool:
-    return (settings.get("ARCHIVE_SHELL") or "archive").lower() == "offline"
+    return mode(settings) == "offline"
 
 
 def data_dir_problem(datadir: DataDir, settings) -> str | None:
@@ -128,32 +131,79 @@ def data_dir_problem(datadir: DataDir, settings) -> str | None:
     return None
 
 
+def stored(settings, url: str) -> bool:
+    """Whether the catalog of DATA_DIR holds *url*; raises ShellError when it cannot
+    be read."""
+    datadir = DataDir.from_settings(settings)
+    if not datadir.catalog_path.exists():
+        return False
+    try:
+        with Catalog(datadir.catalog_path, readonly=True) as catalog:
+            return catalog.get(request_key(url)) is not None
+    except (CatalogError, sqlite3.DatabaseError) as exc:
+        raise ShellError(
+            f"cannot read the catalog {datadir.catalog_path} ({exc}): check it with "
+            "`scrapy catalog verify`, or rebuild it with `scrapy catalog rebuild`"
+        ) from exc
+
+
+class ShellError(Exception):
+    """The shell cannot answer as ARCHIVE_SHELL asks (the message says why)."""
+
+
 def offline_miss(settings, url: str) -> str | None:
     """Why ``url`` cannot be answered offline, or None when it can (or is not offline).
 
     Offline, Scrapy's shell would hand the console ``response = None`` for a URL that
     is not stored, and the user's first ``response.status`` would fail.
     """
-    if (settings.get("ARCHIVE_SHELL") or "archive").lower() != "offline":
+    if mode(settings) != "offline" or not absolute(url):
         return None
-    if not url.lower().startswith(("http://", "https://")):
-        return None  # a local file, or a URL Scrapy completes: not ours to judge
     datadir = DataDir.from_settings(settings)
-    if datadir.catalog_path.exists():
-        try:
-            with Catalog(datadir.catalog_path, readonly=True) as catalog:
-                if catalog.get(request_key(url)) is not None:
-                    return None
-        except (CatalogError, sqlite3.DatabaseError) as exc:
-            return (
-                f"cannot read the catalog {datadir.catalog_path} ({exc}): check it with "
-                "`scrapy catalog verify`, or rebuild it with `scrapy catalog rebuild`"
-            )
+    try:
+        if stored(settings, url):
+            return None
+    except ShellError as exc:
+        return str(exc)
     return (
         f"{url} is not in the catalog of {datadir.root} (ARCHIVE_SHELL=offline fetches "
         "nothing): fetch and store it with `scrapy shell URL`, or crawl it with "
         "`scrapy crawl site -a urls=FILE`"
     )
+
+
+def where_from(settings, url: str, data_dir_free: bool = True) -> str | None:
+    """One line saying where the shell's response to *url* comes from: the archive, or
+    the network (stored or not), and the setting that changes it."""
+    if not absolute(url):
+        return None  # a local file, or a URL Scrapy completes: not ours to judge
+    root = DataDir.from_settings(settings).root
+    if mode(settings) == "live":
+        return f"{url}: fetched from the network, not stored (ARCHIVE_SHELL=live)"
+    try:
+        if stored(settings, url):
+            return f"{url}: stored in {root}, answered from the archive (nothing is sent)"
+    except ShellError:
+        pass  # Scrapy's shell reports it, as a crawl would
+    if mode(settings) == "offline":
+        return None  # offline_miss said it already
+    if not data_dir_free:
+        return (
+            f"{url}: not stored; fetched from the network and NOT stored, {root} is in "
+            "use by a crawl (-s ARCHIVE_SHELL=offline never fetches)"
+        )
+    return (
+        f"{url}: not stored; fetched from the network and stored in {root}, as a crawl "
+        "would (-s ARCHIVE_SHELL=offline never fetches)"
+    )
+
+
+def absolute(url: str) -> bool:
+    return url.lower().startswith(("http://", "https://"))
+
+
+def mode(settings) -> str:
+    return (settings.get("ARCHIVE_SHELL") or "archive").lower()
 
 
 def close_storage(crawler) -> None:

@@ -12,7 +12,6 @@ import os
 import re
 import signal
 import sys
-import textwrap
 import threading
 from collections.abc import Sequence
 from typing import NoReturn
@@ -20,6 +19,8 @@ from typing import NoReturn
 from scrapy.commands import ScrapyHelpFormatter
 from scrapy.exceptions import UsageError
 from scrapy.settings import default_settings
+
+from crawler.helptext import fill
 
 EXIT_USAGE = 2
 
@@ -40,37 +41,7 @@ class HelpFormatter(ScrapyHelpFormatter):
         return [p.replace(":\0", ":\n") for p in super().format_part_strings(guarded)]
 
     def _fill_text(self, text: str, width: int, indent: str) -> str:
-        blocks = []
-        for paragraph in re.split(r"\n\s*\n", text.strip("\n")):
-            blocks.append("\n".join(self._fill_paragraph(paragraph, width, indent)))
-        return "\n\n".join(blocks)
-
-    @staticmethod
-    def _fill_paragraph(paragraph: str, width: int, indent: str) -> list[str]:
-        items: list[list[str]] = []  # [kind, text]: "text", "bullet" or "verbatim"
-        for line in paragraph.splitlines():
-            stripped = line.strip()
-            if line.startswith("  ") and items and items[-1][0] == "bullet":
-                items[-1][1] += " " + stripped  # a bullet's indented continuation
-            elif line.startswith("  ") and not stripped.startswith("- "):
-                items.append(["verbatim", line.rstrip()])
-            elif stripped.startswith("- "):
-                items.append(["bullet", stripped[2:]])
-            elif items and items[-1][0] != "verbatim":
-                items[-1][1] += " " + stripped
-            else:
-                items.append(["text", stripped])
-        lines: list[str] = []
-        for kind, body in items:
-            if kind == "verbatim":
-                lines.append(indent + body)
-            elif kind == "bullet":
-                lines += textwrap.wrap(
-                    body, width, initial_indent=indent + "- ", subsequent_indent=indent + "  "
-                )
-            else:
-                lines += textwrap.wrap(body, width, initial_indent=indent, subsequent_indent=indent)
-        return lines
+        return fill(text, width, indent)
 
 
 def say_on_stderr(line: str) -> None:
@@ -175,7 +146,7 @@ def exit_now(code: int, sig: int | None = None) -> NoReturn:
     them), stdout and stderr flushed; but without the teardown that frees every object
     and module one by one, which nothing a command leaves depends on (as many
     instructions as parsing six stored pages; a second after a crawl on a loaded node:
-    docs/benchmarks.md). ``multiprocessing``'s children end without it too.
+    the history of docs/benchmarks.md). ``multiprocessing``'s children end without it too.
 
     Not under Scrapy's ``--profile``, whose statistics are written after the command
     returns.

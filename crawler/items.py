@@ -1,45 +1,72 @@
-"""Items the project's spiders yield (plain dataclasses: any exporter reads them)."""
+"""Items the project's spiders yield (plain dataclasses: any exporter reads them).
+
+Each field declares its column's SQLite type (``sqlite_type``, crawler/itemrows.py), so
+that a column whose first values are None (a product's ``old_price``) still gets its
+type, and a Parquet export of the table its numbers.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 
+def typed(sqlite_type: str, **kwargs):
+    """A dataclass field whose table column is declared *sqlite_type*."""
+    return field(metadata={"sqlite_type": sqlite_type}, **kwargs)
+
+
+def text(**kwargs):
+    return typed("TEXT", **kwargs)
+
+
+def real(**kwargs):
+    return typed("REAL", **kwargs)
+
+
+def integer(**kwargs):
+    return typed("INTEGER", **kwargs)
+
+
+def json_list():
+    """A list, stored as JSON text."""
+    return typed("TEXT", default_factory=list)
+
+
 @dataclass
 class PageSummary:
     """One HTML page, as the ``site`` spider's default callback sees it."""
 
-    url: str
-    final_url: str
-    status: int
-    title: str | None
-    description: str | None
-    language: str | None
-    links: int
-    text_length: int
+    url: str = text()
+    final_url: str = text()
+    status: int = integer()
+    title: str | None = text()
+    description: str | None = text()
+    language: str | None = text()
+    links: int = integer()
+    text_length: int = integer()
 
 
 @dataclass
 class Product:
     """A product page, as the ``products`` example spider parses it."""
 
-    url: str
-    sku: str | None
-    name: str | None
-    brand: str | None
-    price: float | None
-    currency: str | None
-    availability: str | None
-    rating: float | None
-    review_count: int | None
-    category: list[str] = field(default_factory=list)
-    description: str | None = None
-    images: list[str] = field(default_factory=list)
-    specs: dict[str, str] = field(default_factory=dict)
-    colors: list[str] = field(default_factory=list)
-    sizes: list[str] = field(default_factory=list)
-    seller: str | None = None
-    shipping: str | None = None
-    old_price: float | None = None
-    related: list[str] = field(default_factory=list)
-    reviews: list[dict] = field(default_factory=list)
+    url: str = text()
+    sku: str | None = text()
+    name: str | None = text()
+    brand: str | None = text()
+    price: float | None = real()
+    currency: str | None = text()
+    availability: str | None = text()
+    rating: float | None = real()
+    review_count: int | None = integer()
+    category: list[str] = json_list()
+    description: str | None = text(default=None)
+    images: list[str] = json_list()
+    specs: dict[str, str] = typed("TEXT", default_factory=dict)
+    colors: list[str] = json_list()
+    sizes: list[str] = json_list()
+    seller: str | None = text(default=None)
+    shipping: str | None = text(default=None)
+    old_price: float | None = real(default=None)
+    related: list[str] = json_list()
+    reviews: list[dict] = json_list()

@@ -45,7 +45,8 @@ Some listed URLs fail on purpose, and the log says so:
   /missing/12, /gone/13  404 and 410: final answers, stored (so are the 404s of links)
   /error/14              500 every time: "Gave up retrying" at ERROR, no row, tried again next run
   /flaky/15              503 once, then a page: one retry, then stored
-  /private/16            robots.txt forbids it: an error line in the action log
+  /private/16            robots.txt forbids it: never fetched, one of the errors the end
+                         summary counts ("1 forbidden by robots.txt")
   "this line is not..."  not a URL: "Skipped line" with its line number
 """
 

@@ -25,6 +25,8 @@ ask :func:`DemoSite.payload` what the server meant to send. Paths:
                           the load event; ?fetch=1: from /data/N?ms=MS fetched after load,
                           which answers after MS); its
                           image is /img/N.png
+    /img/NAME.jpg, .png   an image (the product pages' gallery, /js/N's picture): a
+                          small picture of its own per NAME, the same bytes every time
     /data/N               what /js/N?fetch=1 fetches (JSON; ?ms=MS: after that pause)
 
 Pages whose number is a multiple of 50 also link to themselves on ``localhost`` (the
@@ -40,8 +42,10 @@ the whole site as one table of paths.
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import hashlib
+import io
 import random
 import sys
 import threading
@@ -50,6 +54,8 @@ from collections import Counter
 from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from crawler.helptext import ToolHelpFormatter
 
 WORDS = [
     "archive",
@@ -88,6 +94,26 @@ class Answer:
         self.body = body
         self.headers = headers or {}
         self.body_decoded = body
+
+
+def image(route: str) -> Answer:
+    """A 96 x 64 picture for *route* (``/img/NAME.jpg`` or ``.png``), its colours from
+    the name's hash: real image bytes that Pillow and ImagesPipeline read."""
+    jpeg = route.endswith(".jpg")
+    headers = {"Content-Type": "image/jpeg" if jpeg else "image/png"}
+    return Answer(200, image_bytes(route), headers)
+
+
+@functools.lru_cache(maxsize=256)
+def image_bytes(route: str) -> bytes:
+    from PIL import Image, ImageDraw
+
+    digest = hashlib.sha1(route.encode()).digest()
+    picture = Image.new("RGB", (96, 64), tuple(digest[:3]))
+    ImageDraw.Draw(picture).ellipse((24, 8, 72, 56), fill=tuple(digest[3:6]))
+    out = io.BytesIO()
+    picture.save(out, "JPEG" if route.endswith(".jpg") else "PNG", quality=85)
+    return out.getvalue()
 
 
 class DemoSite:
@@ -322,6 +348,8 @@ class DemoSite:
                 after_load=query.get("after") == ["load"],
                 fetch=query.get("fetch") == ["1"],
             )
+        if kind == "img" and route.endswith((".jpg", ".png")):
+            return image(route)
         if kind == "data":
             time.sleep(int(query.get("ms", ["0"])[0]) / 1000)
             return Answer(200, b'{"n": %d}' % n, {"Content-Type": "application/json"})
@@ -429,7 +457,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m demo.site", description=__doc__, formatter_class=ToolHelpFormatter
     )
     parser.add_argument("--pages", type=int, default=3000)
     parser.add_argument("--page-bytes", type=int, default=3000)

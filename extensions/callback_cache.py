@@ -4,7 +4,7 @@ Scrapy reads and parses the source of a generator callback to warn of a ``return
 value`` in it, and caches the answer keyed weakly by the bound method: the entry goes
 when the bound method it was stored under goes (its request done), so a crawl parsed
 the same source again and again, at random: up to 1,700 times in 3,000 pages, ~0.4 ms
-each (docs/benchmarks.md). This extension holds one bound method of each of the
+each (the history of docs/benchmarks.md). This extension holds one bound method of each of the
 spider's generator methods for the whole crawl, so the first answer stays cached.
 """
 

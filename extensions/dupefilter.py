@@ -9,7 +9,8 @@ a private temporary SQLite database and starts a new set. SQLite holds at most
 under ``SQLITE_TMPDIR`` (node-local disk on a cluster), deleted when the crawl ends.
 
 A crawl below the threshold runs exactly as with Scrapy's filter; above it, a request
-costs one more SQLite lookup (docs/benchmarks.md, ``benchmarks/bench_dupefilter.py``).
+costs one more SQLite lookup (``benchmarks/bench_dupefilter.py``; the history of
+docs/benchmarks.md).
 With ``JOBDIR`` set, Scrapy's own file of fingerprints is kept as well, so a paused job
 resumes with them.
 """
@@ -100,7 +101,7 @@ class SpillingDupeFilter(RFPDupeFilter):
             if self._db is None:
                 self._open()
             # In key order the B-tree is walked once: a spill takes half the time, and
-            # stays flat as the table grows (docs/benchmarks.md).
+            # stays flat as the table grows (the history of docs/benchmarks.md).
             self._db.executemany(_INSERT, ((fp,) for fp in sorted(self._fingerprints)))
         except sqlite3.Error as exc:
             raise self._error("write", exc) from exc

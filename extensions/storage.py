@@ -38,7 +38,7 @@ from crawler import signals as crawler_signals
 from crawler.hub.db import hub_url
 from crawler.reparse.responses import build_response
 from crawler.runsettings import crawl_settings
-from crawler.storage.actionlog import NOT_FINAL, OUTCOMES, Outcome
+from crawler.storage.actionlog import NOT_FINAL, OUTCOMES, Outcome, error_kind
 from crawler.storage.errors import CatalogError, SettingError, StoreError
 from crawler.storage.items import parsed_keys
 from crawler.storage.keys import request_key
@@ -107,7 +107,7 @@ class StorageExtension:
             )
         # Per-response counts are kept here and added to the stats once a second (and
         # at the end): Scrapy's stats collector hooks every attribute access, which
-        # cost more per response than counting here (docs/benchmarks.md).
+        # cost more per response than counting here (the history of docs/benchmarks.md).
         self._counts: dict[str, int] = {}
         self._pusher = task.LoopingCall(self._push_counts)
         # Keys fetched or stored by this run but not yet committed, and the requests
@@ -205,6 +205,9 @@ class StorageExtension:
         """The run's outcomes so far, as its end summary says them."""
         get = self.stats.get_value
         counts = ", ".join(f"{get(f'actions/{outcome}', 0):,} {outcome}" for outcome in OUTCOMES)
+        if causes := self.error_causes():
+            # Each error by its cause: a URL that robots.txt forbids is one of them.
+            counts = counts.replace(" error,", f" error ({causes}),", 1)
         if self._failed and self.session.writer is None:
             # What was committed, not what was fetched: the rest is fetched again.
             counts = (
@@ -216,6 +219,18 @@ class StorageExtension:
         done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")
         duplicates = f"{get('catalog/duplicates', 0):,} duplicates (URLs met again)"
         return f"Outcomes of this run: {counts}; {duplicates}; listed URLs done: {done}."
+
+    def error_causes(self) -> str:
+        """The run's errors by cause, most first: ``1 HTTP 500, 1 forbidden by robots.txt``."""
+        prefix = "actions/error/"
+        causes = [
+            (count, name.removeprefix(prefix))
+            for name, count in self.stats.get_stats().items()
+            if name.startswith(prefix) and count
+        ]
+        return ", ".join(
+            f"{n:,} {cause}" for n, cause in sorted(causes, key=lambda c: (-c[0], c[1]))
+        )
 
     def _fail(self, message: str) -> None:
         """Log a storage failure once; the crawl stops and exits 1 (``archive/error``)."""
@@ -236,10 +251,13 @@ class StorageExtension:
     def record_action(
         self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
     ) -> None:
-        """One line of the action log, counted (``actions/<outcome>``)."""
+        """One line of the action log, counted (``actions/<outcome>``; an error also
+        by its cause, ``actions/error/<cause>``)."""
         if key is not None and outcome not in NOT_FINAL:
             self._finished.add(hash(key))
         self._count(outcome, depth)
+        if outcome == Outcome.ERROR:
+            self._inc(f"actions/error/{error_kind(fields.get('error'), fields.get('status'))}")
         log = self.session.log
         if log is not None:
             self._append(log.write, url, key, outcome, **fields)

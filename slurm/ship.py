@@ -12,8 +12,8 @@ to the shared data directory ``DATA``:
 So at every instant every row of a shipped catalog points at a complete record of a
 shipped file. ``merge_shipped`` folds the shipped catalogs into ``DATA/metadata.db``.
 
-    python -m slurm.ship ship LOCAL_DATA_DIR DATA --name NAME   # one shipment
-    python -m slurm.ship merge DATA                             # after the array
+    python -m slurm.ship ship LOCAL_DATA_DIR DATA --name NAME  # one shipment
+    python -m slurm.ship merge DATA                            # after the array
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.storage.catalog import keep_archives
 from crawler.storage.datadir import DataDir
 from crawler.storage.formats.base import fsync_dir
@@ -142,7 +143,9 @@ def merge_shipped(data: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm.ship", description=__doc__)
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, prog="python -m slurm.ship", description=__doc__
+    )
     sub = parser.add_subparsers(dest="action", required=True)
     ship = sub.add_parser("ship", help="ship a local data directory once")
     ship.add_argument("local")

@@ -1,8 +1,9 @@
 """One Slurm array task: crawl processes on node-local disk, shipped to shared storage.
 
-    python -m slurm.task --urls URLS --data DATA --stage STAGE --task I --tasks N \\
-        [--procs P] [--spider site] [--name NAME] [--ship-every MINUTES]
-        [--partition domain|host|url] [--no-fork-server] [-- scrapy args]
+    python -m slurm.task --urls URLS --data DATA --stage STAGE \\
+        --task I --tasks N [--procs P] [--spider site] [--name NAME]
+        [--ship-every MINUTES] [--partition domain|host|url]
+        [--no-fork-server] [-- scrapy args]
 
 Crawl process k of task I crawls shard ``I*P+k`` of ``N*P`` (``-a shard=``, split by
 ``--partition``: ``-a partition=``, default the ``CRAWL_PARTITION`` setting) into
@@ -44,21 +45,24 @@ import os
 import sys
 from pathlib import Path
 
+from crawler.helptext import ToolHelpFormatter
 from crawler.spiderkit.partition import MODES
 from slurm.queue import run_queue
 from slurm.runner import TaskConfig, TaskRunner
 
 
 def parse_args(argv: list[str]) -> TaskConfig:
-    parser = argparse.ArgumentParser(prog="python -m slurm.task", description=__doc__)
-    parser.add_argument("--urls", required=True, type=Path)
-    parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--stage", required=True, type=Path)
-    parser.add_argument("--task", required=True, type=int)
-    parser.add_argument("--tasks", required=True, type=int)
-    parser.add_argument("--procs", type=int, default=1)
-    parser.add_argument("--spider", default="site")
-    parser.add_argument("--name", default="task")
+    parser = argparse.ArgumentParser(
+        formatter_class=ToolHelpFormatter, prog="python -m slurm.task", description=__doc__
+    )
+    parser.add_argument("--urls", required=True, type=Path, help="the URL list")
+    parser.add_argument("--data", required=True, type=Path, help="the shared data directory")
+    parser.add_argument("--stage", required=True, type=Path, help="node-local staging directory")
+    parser.add_argument("--task", required=True, type=int, help="this task's number, from 0")
+    parser.add_argument("--tasks", required=True, type=int, help="tasks in the array")
+    parser.add_argument("--procs", type=int, default=1, help="crawl processes (default 1)")
+    parser.add_argument("--spider", default="site", help="the spider (default site)")
+    parser.add_argument("--name", default="task", help="names the shipped files (NAME_p<k>)")
     parser.add_argument("--ship-every", type=float, default=10.0, help="minutes")
     parser.add_argument("--queue", default="", help="queue mode: the hub's work queue")
     parser.add_argument("--batch", type=int, default=1000, help="queue mode: URLs per lease")
@@ -77,7 +81,9 @@ def parse_args(argv: list[str]) -> TaskConfig:
         help="fork the crawls from a server that imported Scrapy once (default; "
         "CRAWL_FORK_SERVER=0 turns it off); --no-fork-server: plain processes",
     )
-    parser.add_argument("scrapy_args", nargs=argparse.REMAINDER)
+    parser.add_argument(
+        "scrapy_args", nargs=argparse.REMAINDER, help="after --: given to every scrapy crawl"
+    )
     args = parser.parse_args(argv)
     extra = args.scrapy_args[1:] if args.scrapy_args[:1] == ["--"] else args.scrapy_args
     if not 0 <= args.task < args.tasks or args.procs < 1 or args.batch < 1:

@@ -216,7 +216,7 @@ class SiteSpider(scrapy.Spider):
         # Not a generator function: for one, Scrapy reads the callback's source to warn
         # of a `return value`, and its cache of the answer is keyed weakly by the bound
         # method, so it forgets it whenever the request holding that one is gone (up to
-        # 0.4 ms a page, at random; docs/benchmarks.md).
+        # 0.4 ms a page, at random; the history of docs/benchmarks.md).
         if self.summaries and isinstance(response, HtmlResponse):
             return self._summary_and_links(response)
         if self.depth:

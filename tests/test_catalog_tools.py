@@ -223,6 +223,17 @@ def test_wacz_validates(crawled, tmp_path):
     assert len(pages) == 1 + 5  # header + the HTML pages (4 pages and the redirected one)
 
 
+def test_wacz_without_a_path_lands_in_derived(crawled, tmp_path):
+    data_dir = tmp_path / "data"
+    shutil.copytree(crawled, data_dir)
+    result = run_scrapy("catalog", "wacz", "-s", f"DATA_DIR={data_dir}")
+    assert result.returncode == 0, result.stderr
+    out = data_dir / "derived" / "crawl.wacz"
+    assert f"wrote {out}" in result.stdout
+    with zipfile.ZipFile(out) as zf:
+        assert "datapackage.json" in zf.namelist()
+
+
 def test_a_corrupt_record_is_reported_by_rebuild(crawled, tmp_path):
     data_dir = tmp_path / "data"
     shutil.copytree(crawled, data_dir)

@@ -5,6 +5,7 @@ input, a usage error's exit status, ``runspider``, a refused second crawl."""
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
 import sys
@@ -96,7 +97,7 @@ def test_archive_passes_warcio_check_and_cdxj_indexer(kinds):
 
 
 @deferred_f_from_coro_f
-async def test_statuses_rows_and_action_log(site, data_dir):
+async def test_statuses_rows_and_action_log(site, data_dir, caplog):
     base = site.base_url
     urls = [
         f"{base}/missing/1",
@@ -105,6 +106,7 @@ async def test_statuses_rows_and_action_log(site, data_dir):
         f"{base}/private/1",
         f"{base}/flaky/9",
     ]
+    caplog.set_level(logging.INFO, logger="extensions.storage")
     await crawl_site(urls, data_dir)
     by_url = rows_by_url(data_dir)
     assert by_url[f"{base}/missing/1"].status == 404
@@ -134,6 +136,9 @@ async def test_statuses_rows_and_action_log(site, data_dir):
     assert robots and robots[0]["outcome"] == "error" and "robots.txt" in robots[0]["error"]
     final_error = [e for e in log if e["url"] == f"{base}/error/1" and e["outcome"] == "error"][0]
     assert final_error["status"] == 500 and final_error["attempt"] == 3
+    # The console's end summary names each error's cause: robots.txt's refusal is one.
+    (summary,) = [r.message for r in caplog.records if "Outcomes of this run" in r.message]
+    assert "2 error (1 HTTP 500, 1 forbidden by robots.txt)," in summary, summary
 
 
 @deferred_f_from_coro_f

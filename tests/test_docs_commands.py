@@ -5,8 +5,10 @@ environment as a user has it after ``make install`` (``HOME``, a system ``PATH``
 nothing of the test's own) and the page's activation step; the page's blocks then run
 one after the other in one shell, stopping at the first command that fails. The demo
 site the pages start with ``python -m demo.site --port 8000`` is started on a port the
-OS picks, and ``127.0.0.1:8000`` in the commands is replaced by it. How-to pages whose
-commands only read what the tutorial stored run after it, in the same directory.
+OS picks, and ``127.0.0.1:8000`` in the commands is replaced by it. Each page runs
+alone, in a project of its own: a reader may take them in any order, so each page's
+commands make what they read. What they make lands in the data directory (or is a URL
+list): nothing else is left in the project's root.
 """
 
 from __future__ import annotations
@@ -24,16 +26,18 @@ import pytest
 from tests.conftest import ROOT
 from tests.docblocks import Block, blocks
 
-# Each entry: the pages run in one fresh project, in this order.
+# Each entry: the pages run in one fresh project, in this order (one page each).
 RUNS = {
-    "readme": ["README.md"],
-    "tutorial": [
+    Path(page).stem: [page]
+    for page in (
+        "README.md",
         "docs/tutorial.md",
         "docs/how-to/crawling.md",
         "docs/how-to/reparse.md",
         "docs/how-to/catalog-tools.md",
         "docs/how-to/reading-data.md",
-    ],
+        "docs/how-to/rendering.md",
+    )
 }
 # The pages the runs above include: their sh blocks run unless marked.
 CHECKED = sorted({page for pages in RUNS.values() for page in pages})
@@ -130,6 +134,9 @@ def test_documented_commands_run(run_name, tmp_path):
         f"the command block at {last_block(result.stdout)} failed with exit status "
         f"{result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
     )
+    left = {p.name for p in project.iterdir() if not p.is_symlink()}
+    strays = {name for name in left if name != "data" and not name.endswith(".txt")}
+    assert not strays, f"{RUNS[run_name][0]}'s commands left {sorted(strays)} in the project"
 
 
 @pytest.mark.parametrize("page", EVERY_PAGE)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+
+import pyarrow.parquet as pq
 import pytest
 from scrapy.http import HtmlResponse, Request
 from scrapy.utils.defer import deferred_f_from_coro_f
@@ -9,8 +12,9 @@ from scrapy.utils.defer import deferred_f_from_coro_f
 from crawler.spiderkit.parsers import hrefs, page_summary
 from demo.site import DemoSite
 from spiders.products import ProductsSpider, parse_product
+from tests import launcher
 from tests.cmdline import read_jsonl
-from tests.conftest import write_urls
+from tests.conftest import ROOT, crawl_env, write_urls
 from tests.crawls import crawl
 
 SHOP = DemoSite(pages=100, page_bytes=8000, seed=3)
@@ -73,3 +77,28 @@ async def test_products_crawl(site, tmp_path, data_dir):
     items = read_jsonl(out)
     assert sorted(i["sku"] for i in items) == ["SKU-000001", "SKU-000002"]
     assert all(i["price"] == site.product(int(i["sku"][4:]))["price"] for i in items)
+
+
+@deferred_f_from_coro_f
+async def test_product_table_exports_each_column_with_its_type(site, tmp_path, data_dir):
+    # Only every third product has an old price: without declared types the column
+    # took no type from its first values, and Parquet got it as text.
+    numbers = [1, 2, 4, 5, 3, 6]
+    urls = [f"{site.base_url}/product/{n}.html" for n in numbers]
+    await crawl(ProductsSpider, data_dir, {}, urls=str(write_urls(tmp_path / "u.txt", urls)))
+    out = tmp_path / "product.parquet"
+    result = launcher.run(
+        [sys.executable, "-m", "scrapy", "catalog", "export", "--table", "product"]
+        + ["--format", "parquet", "-o", str(out), "-s", f"DATA_DIR={data_dir}"],
+        cwd=ROOT, env=crawl_env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "exported as text" not in result.stderr, result.stderr[-3000:]
+    table = pq.read_table(out)
+    types = {name: str(table.schema.field(name).type) for name in table.column_names}
+    assert types["old_price"] == types["price"] == types["rating"] == "double", types
+    assert types["review_count"] == "int64" and types["sku"] == "string", types
+    got = {row["sku"]: row["old_price"] for row in table.to_pylist()}
+    assert got == {f"SKU-{n:06d}": site.product(n)["old_price"] for n in numbers}, (
+        "every stored value, NULL where a product has no old price"
+    )

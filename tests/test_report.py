@@ -4,7 +4,6 @@ opened in Chromium; empty and missing directories; a Slurm-style DATA/; --watch.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -12,7 +11,6 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -20,14 +18,13 @@ import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from crawler.hub import Hub, ProxyPool, WorkQueue, redact_url
-from crawler.render import BrowserNotFoundError, find_browser
 from spiders.products import ProductsSpider
 from tests import launcher
+from tests.browser import Chromium
 from tests.conftest import ROOT, crawl_env, write_urls
 from tests.crawls import crawl, crawl_site, crawled
 from tests.polling import wait_until
 from tests.proxy_servers import proxy_pool  # noqa: F401
-from tests.servers import need
 
 # Each run's rates, then the whole data directory's.
 FIGURES = ("status", "types", "hosts", "host-rates", "proxies", "leases", "items")
@@ -71,17 +68,6 @@ def demo_urls(base: str) -> list[str]:
 
 
 # --- reading the page in Chromium ------------------------------------------------------------
-def chromium_path() -> str | None:
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        need("Playwright is not installed (pip install scrapy-playwright)")
-    try:
-        return find_browser(os.environ.get("CHROMIUM_PATH"))
-    except BrowserNotFoundError:
-        need("Chromium is not installed (Debian: apt-get install chromium)")
-
-
 MARKS_JS = """name => Array.from(
     document.querySelectorAll(`#plot-${name} svg [id^="${name}-mark-"]`)
 ).filter(e => { const b = e.getBBox(); return b.width > 0 || b.height > 0; }).length"""
@@ -99,44 +85,14 @@ TITLES_JS = """() => Array.from(document.querySelectorAll('figure.plot')).map(f 
 })"""
 # How far the page reaches past the window's right edge (a sideways scroll).
 OVERFLOW_JS = "() => document.documentElement.scrollWidth - window.innerWidth"
-
-
-class Chromium:
-    """One browser for the module's pages, each read in a context of its own.
-
-    Playwright's sync API refuses a thread whose asyncio loop runs (pytest-twisted's),
-    and wants every call from the thread that started it: one thread of its own."""
-
-    def __init__(self):
-        self.pool = ThreadPoolExecutor(1)
-        self.playwright = self.browser = None
-
-    def read(self, path: Path, width: int) -> dict:
-        return self.pool.submit(self._read, path, width).result(timeout=300)
-
-    def _read(self, path: Path, width: int) -> dict:
-        if self.browser is None:
-            from playwright.sync_api import sync_playwright
-
-            executable = chromium_path()
-            self.playwright = sync_playwright().start()
-            self.browser = self.playwright.chromium.launch(
-                executable_path=executable, args=["--no-sandbox"], headless=True
-            )
-        context = self.browser.new_context(viewport={"width": width, "height": 900})
-        try:
-            return read_page(context, path)
-        finally:
-            context.close()
-
-    def close(self) -> None:
-        def stop():
-            if self.browser is not None:
-                self.browser.close()
-                self.playwright.stop()
-
-        self.pool.submit(stop).result(timeout=120)
-        self.pool.shutdown()
+# Tables whose box scrolls sideways (cut at the right until scrolled), by their first
+# header.
+CUT_TABLES_JS = """() => Array.from(document.querySelectorAll('.wide'))
+    .filter(box => box.scrollWidth > box.clientWidth + 1)
+    .map(box => (box.querySelector('th') || box).textContent.trim())"""
+# The smallest drawn height of a tick label or axis text of any figure, in CSS pixels.
+SMALLEST_TEXT_JS = """() => Math.min(...Array.from(document.querySelectorAll('figure.plot svg text'))
+    .map(t => t.getBoundingClientRect().height).filter(h => h > 0))"""
 
 
 _CHROMIUM: list[Chromium] = []
@@ -149,14 +105,15 @@ def _one_browser():
         _CHROMIUM.pop().close()
 
 
-def open_in_chromium(path: Path, width: int = 1280) -> dict:
-    """Load the page; returns console messages, page errors, marks per figure and stats."""
+def open_in_chromium(path: Path, width: int = 1280, screenshot: Path | None = None) -> dict:
+    """Load the page in a window *width* px wide (a full-page screenshot to
+    *screenshot*); returns console messages, page errors, marks per figure and stats."""
     if not _CHROMIUM:
         _CHROMIUM.append(Chromium())
-    return _CHROMIUM[0].read(path, width)
+    return _CHROMIUM[0].run(read_page, path, screenshot, width=width)
 
 
-def read_page(context, path: Path) -> dict:
+def read_page(context, path: Path, screenshot: Path | None = None) -> dict:
     page = context.new_page()
     console: list[str] = []
     page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
@@ -166,8 +123,12 @@ def read_page(context, path: Path) -> dict:
     figures = page.eval_on_selector_all("figure.plot", "fs => fs.map(f => f.id)")
     names = [f.removeprefix("plot-") for f in figures]
     marks = {name: page.evaluate(MARKS_JS, name) for name in names}
+    if screenshot is not None:
+        page.screenshot(path=str(screenshot), full_page=True)
     return {
         "overflow": page.evaluate(OVERFLOW_JS),
+        "cut": page.evaluate(CUT_TABLES_JS),
+        "smallest_text": page.evaluate(SMALLEST_TEXT_JS) if figures else None,
         "titles": page.evaluate(TITLES_JS),
         "console": console,
         "figures": figures,
@@ -344,8 +305,11 @@ async def test_report_of_a_crawl_with_errors_and_a_proxy_hub(tmp_path, site, pro
     assert "run-s3cret" not in text, "the run's settings are redacted"
     assert 'data-run-spider="products"' in text
 
-    page = open_in_chromium(output)
+    page = open_in_chromium(output, screenshot=tmp_path / "report-1280.png")
     assert page["console"] == []
+    # Every table fits the window, the proxies' attempts by outcome included.
+    assert page["cut"] == [], f"tables cut at 1280 px: {page['cut']}"
+    assert page["overflow"] <= 0
     # Two runs (runs.jsonl): the site spider's, then the products spider's.
     figures = [*FIGURES, *(f"{f}-r{run}" for f in RUN_FIGURES for run in (1, 2))]
     assert sorted(page["figures"]) == sorted(f"plot-{name}" for name in figures)
@@ -449,9 +413,16 @@ async def test_the_report_reads_at_1280_and_800_px_and_on_a_phone(tmp_path, site
     made = run_report(data_dir, output)
     assert made.returncode == 0, made.stderr[-3000:]
     for width in (1280, 800, 390):
-        page = open_in_chromium(output, width)
+        shot = tmp_path / f"report-{width}.png"
+        page = open_in_chromium(output, width, screenshot=shot)
+        assert shot.stat().st_size > 10_000, shot
         assert page["console"] == [], width
         assert page["overflow"] <= 0, f"{page['overflow']} px sideways at {width} px"
+        if width >= 800:
+            assert page["cut"] == [], f"tables cut at {width} px: {page['cut']}"
+        # Ticks and labels at 9 pt or more, as drawn: a figure too wide for a phone
+        # scrolls inside its box rather than shrink.
+        assert page["smallest_text"] >= 11.5, (width, page["smallest_text"])
         assert len(page["titles"]) >= 6  # two per run, status, types, hosts
         untitled = [(fig, title) for fig, above, title in page["titles"] if not above or not title]
         assert not untitled, f"figures without a title above them at {width} px: {untitled}"
@@ -474,7 +445,9 @@ async def test_the_report_reads_at_1280_and_800_px_and_on_a_phone(tmp_path, site
         }
     ), causes
     assert "500 Internal Server Error" not in text
-    assert text.count("Not stored, so the next run") >= 2  # the 500s, in both runs
+    # The 500s: given up, no row, in both runs; the 503s (flaky) retried and stored.
+    assert text.count("2 URLs given up with it, and none of them has a stored row") == 2
+    assert "Not stored" not in text
 
 
 @deferred_f_from_coro_f

@@ -14,9 +14,10 @@ import pytest
 from crawler.hub import Holder, Hub, ProxyPool, RestPolicy, UsageCounts, redact_url
 from crawler.report import logread
 from crawler.report.advice import advice
-from crawler.report.html import lease_spans
 from crawler.report.logread import MAX_BINS, LogFollower, LogStats, read_action_log
+from crawler.report.model import lease_spans
 from crawler.report.sources import ReportError, read_hub
+from crawler.storage import actionlog
 from tests.servers import need
 
 
@@ -214,11 +215,11 @@ def test_each_run_gets_its_own_lines(tmp_path):
             None,
             "TimeoutError",
         ),  # fmt: skip
-        ("Forbidden by robots.txt", None, logread.ROBOTS_KIND),
-        ("/data/urls.txt:32: contains white space: 'not a url'", None, logread.BAD_LINE_KIND),
-        ("/other/list.txt:7: not a URL", None, logread.BAD_LINE_KIND),
+        ("Forbidden by robots.txt", None, actionlog.ROBOTS_KIND),
+        ("/data/urls.txt:32: contains white space: 'not a url'", None, actionlog.BAD_LINE_KIND),
+        ("/other/list.txt:7: not a URL", None, actionlog.BAD_LINE_KIND),
     ],
 )
 def test_one_name_per_cause_and_what_to_do(error, status, kind):
-    assert logread.error_kind(error, status) == kind
+    assert actionlog.error_kind(error, status) == kind
     assert advice(kind) != advice("SomethingUnheardOf")

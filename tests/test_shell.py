@@ -51,18 +51,33 @@ async def test_shell_answers_from_the_archive_with_the_server_stopped(own_site, 
     assert "archive_hit" in result.stderr or found[2] == "True"
 
 
-def test_shell_fetches_and_stores_what_is_not_stored(own_site, data_dir):
+def said(result) -> str:
+    """The shell's one line on where its response comes from."""
+    lines = [line for line in result.stderr.splitlines() if line.startswith("http")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    return lines[0]
+
+
+def test_shell_fetches_and_stores_what_is_not_stored_and_says_so(own_site, data_dir):
     url = f"{own_site.base_url}/page/8.html"
     result, found = probe(url, data_dir)
     assert found is not None and found[2] == "False", result.stderr
     assert own_site.counts["/page/8.html"] == 1
     assert url in rows_by_url(data_dir)  # stored, like a crawl would
+    assert said(result) == (
+        f"{url}: not stored; fetched from the network and stored in {data_dir}, as a crawl "
+        "would (-s ARCHIVE_SHELL=offline never fetches)"
+    )
     result, found = probe(url, data_dir)
     assert found is not None and found[2] == "True", result.stderr
     assert own_site.counts["/page/8.html"] == 1  # the second time came from the archive
+    assert (
+        said(result) == f"{url}: stored in {data_dir}, answered from the archive (nothing is sent)"
+    )
     result, found = probe(url, data_dir, "-s", "ARCHIVE_SHELL=live")
     assert found is not None and found[2] == "False", result.stderr
     assert own_site.counts["/page/8.html"] == 2
+    assert said(result) == f"{url}: fetched from the network, not stored (ARCHIVE_SHELL=live)"
 
 
 @deferred_f_from_coro_f

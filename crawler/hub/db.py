@@ -58,7 +58,7 @@ def hub_url(
     url = settings.get("HUB_URL") or env.get("HUB_URL") or None
     if url is None and required:
         raise HubError(
-            "no hub: set HUB_URL (-s HUB_URL=sqlite:///hub.db, the project settings, "
+            "no hub: set HUB_URL (-s HUB_URL=sqlite:///data/hub.db, the project settings, "
             "or the HUB_URL environment variable)"
         )
     return url
@@ -164,7 +164,7 @@ class Hub:
         """Connect to the hub at *url*; a clear error names what to fix."""
         if not url:
             raise InvalidHubURLError(
-                "HUB_URL is empty: set it to sqlite:///hub.db or postgresql://..."
+                "HUB_URL is empty: set it to sqlite:///data/hub.db or postgresql://..."
             )
         try:
             urlsplit(url).port  # noqa: B018 - raises ValueError on a malformed URL

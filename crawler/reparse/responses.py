@@ -64,7 +64,7 @@ def release(response: Response) -> None:
     A text response and the selector it caches refer to each other, so without this
     the page's whole lxml tree waits for the cyclic garbage collector, which frees a
     few dozen pages' trees at a time, long after they left the CPU's caches (~2% of a
-    re-parse's time, docs/benchmarks.md). A later ``response.selector`` builds it
+    re-parse's time, the history of docs/benchmarks.md). A later ``response.selector`` builds it
     again."""
     if getattr(response, "_cached_selector", None) is not None:
         response._cached_selector = None

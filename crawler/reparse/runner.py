@@ -372,7 +372,7 @@ class Reparse:
         mode = TABLES if output is None else DICTS if takes_dicts(output) else ITEMS
         # Built before the catalog is read, as a follower builds it: a bad spider or
         # callback fails before any query (and a one-worker run went no slower for
-        # it, docs/benchmarks.md).
+        # it, the history of docs/benchmarks.md).
         init = (config.spider, config.callback, config.spider_args, config.settings, mode)
         reparser = Reparser(*init)
         selection = select_rows(config)

@@ -1,7 +1,8 @@
 """A visual report of a crawl: ``scrapy catalog report -o report.html``.
 
 ``logread`` aggregates action logs, ``sources`` finds and reads catalogs and the hub,
-``plots`` draws the figures, ``html`` lays out the page, ``build`` ties them together.
+``build`` collects them into a ``Report``, ``model`` computes every number and sentence
+the page states, ``plots`` draws the figures, ``html`` lays out the page.
 """
 
 from crawler.report.build import Report, ReportBuilder, report_settings, watch, write_atomic

@@ -1,10 +1,11 @@
-"""What to do about each cause of failure the report names (``logread.error_kind``)."""
+"""What to do about each cause of failure the report names
+(``crawler.storage.actionlog.error_kind``). Whether the URLs it failed are stored now
+is said beside it, from the catalog (``model.fate_text``)."""
 
 from __future__ import annotations
 
-from crawler.report.logread import BAD_LINE_KIND, ROBOTS_KIND
+from crawler.storage.actionlog import BAD_LINE_KIND, ROBOTS_KIND
 
-AGAIN = "Not stored, so the next run of the same list tries them again."
 SLOW_DOWN = (
     "Slow down for this host: lower CONCURRENT_REQUESTS_PER_DOMAIN or "
     "AUTOTHROTTLE_TARGET_CONCURRENCY, raise DOWNLOAD_DELAY, or spread requests over proxies "
@@ -19,21 +20,18 @@ ADVICE = {
     "line. Fix or remove it.",
     "HTTP 403": "Refused: the site may block this crawler. Set USER_AGENT to a contact, "
     + SLOW_DOWN,
-    "HTTP 404": "Not found: stored as the answer; check the links or the list.",
+    "HTTP 404": "Not found, and 404 is not in CATALOG_STORE_STATUSES, so the answer is not "
+    "stored: check the links or the list.",
     "HTTP 407": "The proxy wants credentials: check the proxy URLs (scrapy proxies list).",
     "HTTP 429": "Too many requests. " + SLOW_DOWN,
     "TimeoutError": "No answer within DOWNLOAD_TIMEOUT: the host is slow or overloaded. "
-    + SLOW_DOWN
-    + " "
-    + AGAIN,
-    "TCPTimedOutError": "The connection timed out: the host is unreachable or overloaded. " + AGAIN,
+    + SLOW_DOWN,
+    "TCPTimedOutError": "The connection timed out: the host is unreachable or overloaded.",
     "DNSLookupError": "The host name does not resolve: check it in the URL list, and the "
     "machine's DNS.",
-    "ConnectionRefusedError": "Nothing listens on that host and port (the server is down). "
-    + AGAIN,
-    "DownloadConnectionRefusedError": "Nothing listens on that host and port (the server is "
-    "down). " + AGAIN,
-    "ResponseNeverReceived": "The connection broke before an answer. " + AGAIN,
+    "ConnectionRefusedError": "Nothing listens on that host and port (the server is down).",
+    "DownloadConnectionRefusedError": "Nothing listens on that host and port (the server is down).",
+    "ResponseNeverReceived": "The connection broke before an answer.",
     "DownloadCancelledError": "The body is larger than DOWNLOAD_MAXSIZE: raise it (or the "
     "request's download_maxsize) to store such pages.",
 }
@@ -45,14 +43,13 @@ def advice(kind: str) -> str:
         return ADVICE[kind]
     if kind.startswith("HTTP 5"):
         return (
-            "The server failed (retried RETRY_TIMES times). "
-            + AGAIN
-            + " If it lasts, the site is down or refusing this crawler."
+            "The server failed; a failed attempt is retried up to RETRY_TIMES times. If it "
+            "lasts, the site is down or refusing this crawler."
         )
     if kind.startswith("HTTP 4"):
         return (
-            "The site refused the request: stored as its answer when the status is in "
-            "CATALOG_STORE_STATUSES; check the URLs."
+            "The site refused the request, and the status is not in "
+            "CATALOG_STORE_STATUSES, so the answer is not stored: check the URLs."
         )
     if "timeout" in kind.lower():
         return ADVICE["TimeoutError"]

@@ -27,6 +27,7 @@ from crawler.report.sources import (
     read_host_budgets,
     read_hub,
     read_queues,
+    stored_keys,
 )
 from crawler.runsettings import crawl_settings
 from crawler.storage.datadir import DataDir
@@ -63,6 +64,9 @@ class Report:
     run: dict | None = None  # the latest line of runs.jsonl, whose settings are shown
     runs: list[RunReport] = field(default_factory=list)  # oldest first
     host_budgets: list[HubHost] = field(default_factory=list)  # the hub's, by host
+    # Of the URLs the action logs say were given up (LogStats.given_up), those that
+    # have a row in the catalog now (a later run stored them).
+    stored: set[str] = field(default_factory=set)
 
 
 def report_settings(
@@ -125,6 +129,9 @@ class ReportBuilder:
         report = Report(
             layout, now, catalog, tasks, total, hub, self.run_settings(run), run=run, runs=runs
         )
+        given_up = set().union(*total.given_up.values())
+        if given_up and layout.catalogs:
+            report.stored = stored_keys(layout.catalogs, given_up)
         if self.hub_url:
             report.queues = read_queues(self.hub_url)
             report.host_budgets = read_host_budgets(self.hub_url)

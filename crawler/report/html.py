@@ -1,44 +1,60 @@
 """The report as one self-contained HTML page: inline SVG figures, no scripts.
 
-Every number a reader (or a test) may check is in an element with ``data-stat`` (a
-stable name such as ``outcome:ok`` or ``status:404``) and ``data-value`` (the exact
-number); every figure is a ``<figure class="plot" id="plot-...">``.
+It lays out what ``model`` computes and says nothing of its own. Every number a reader
+(or a test) may check is in an element with ``data-stat`` (a stable name such as
+``outcome:ok`` or ``status:404``) and ``data-value`` (the exact number); every figure
+is a ``<figure class="plot" id="plot-...">``.
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from html import escape
 
 from crawler.report import plots
-from crawler.report.advice import advice
 from crawler.report.build import Report, RunReport
 from crawler.report.logread import IDLE_GAP_SECONDS, LogStats
+from crawler.report.model import (
+    TOP_HOSTS,
+    Pace,
+    bytes_rate_text,
+    duration,
+    failing_hosts,
+    host_limits,
+    lease_spans,
+    problems,
+    rate_text,
+    run_title,
+    size,
+    when,
+)
 from crawler.report.sources import HubSummary
 from crawler.storage.actionlog import OUTCOMES
 
-TOP_HOSTS = 20
 # Hosts drawn in the politeness figure (all of the top ones are in its table).
 PLOTTED_HOSTS = 6
 TOP_TYPES = 15
 # Runs drawn with their figures, newest first; older runs are rows of the runs table.
 RUN_SECTIONS = 5
 
-# Narrow windows (800 px, a phone): the page never scrolls sideways; a wide table or
-# figure scrolls inside its own box, and long values wrap.
+# At 1280 px every table fits. Narrow windows (800 px, a phone): the page never scrolls
+# sideways; a wide table scrolls inside its own box, long values (URLs, settings) wrap,
+# and a figure keeps the size it was drawn at (672 px: 10 pt ticks read as 13 px),
+# scrolling inside its box rather than shrinking its text.
 STYLE = """
 *{box-sizing:border-box}
-body{font-family:system-ui,sans-serif;margin:1em auto;padding:0 .8em;max-width:60em;color:#222}
+body{font-family:system-ui,sans-serif;margin:1em auto;padding:0 .8em;max-width:72em;color:#222}
 h1{font-size:1.4em}h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
 h3{font-size:1.05em;margin:1.2em 0 .3em}
 .wide{max-width:100%;overflow-x:auto}
 table{border-collapse:collapse;margin:.5em 0}td,th{padding:.2em .6em;text-align:left;
-vertical-align:top}td.text{min-width:16em}td[data-setting]{overflow-wrap:anywhere}
+vertical-align:top}th{vertical-align:bottom}td.text{max-width:48em;color:#444}
+td[data-setting],td.url{overflow-wrap:anywhere}td.url{min-width:12em}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-tr:nth-child(even){background:#f6f6f6}
+tr:nth-child(even){background:#f6f6f6}tr.more,tr.more+tr{background:none}
+tr.more td{padding-bottom:.6em;border-bottom:1px solid #eee}
 figure.plot{margin:1em 0;max-width:100%;overflow-x:auto}
 figure.plot figcaption{font-weight:600;margin-bottom:.3em}
-figure.plot svg{display:block;width:100%;min-width:30em;max-width:48em;height:auto}
+figure.plot svg{display:block;width:100%;min-width:42em;max-width:52em;height:auto}
 .note{color:#555}.empty{font-size:1.2em;padding:1em;background:#fff3cd}
 .tiles{display:flex;flex-wrap:wrap;gap:.6em}.tile{border:1px solid #ddd;padding:.4em .8em}
 .tile .n{font-size:1.3em;display:block}
@@ -60,27 +76,6 @@ def figure(name: str, svg: str, caption: str) -> str:
         f'<figure class="plot" id="plot-{name}">'
         f"<figcaption>{escape(caption)}</figcaption>{svg}</figure>"
     )
-
-
-def when(epoch: float | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def rate_text(span: float, rate: float) -> str:
-    """A rate over a span; none when all lines share one instant."""
-    return f"{rate:,.2f}" if span else "-"
-
-
-def size(nbytes: float) -> str:
-    divisor, unit = plots.byte_unit(nbytes)
-    return f"{nbytes / divisor:,.1f} {unit[:-2]}" if divisor > 1 else f"{nbytes:,.0f} bytes"
-
-
-def bytes_rate_text(rate: float) -> str:
-    divisor, unit = plots.byte_unit(rate)
-    return f"{rate / divisor:,.1f} {unit}"
 
 
 def table(headers: list[str], rows: list[str]) -> str:
@@ -130,7 +125,8 @@ def summary_section(report: Report) -> str:
         tiles.append((outcome, stat(f"outcome:{outcome}", total.outcomes[outcome])))
     if total.bad_lines:
         tiles.append(("unreadable log lines", stat("log:bad_lines", total.bad_lines)))
-    active, rate = total.active_seconds, total.pages_per_second
+    pace = Pace.of(total)
+    active, rate = pace.active, pace.pages_per_second
     tiles.append(("active time", stat("log:active_s", active, duration(active))))
     tiles.append(("pages/s while active", stat("log:pages_per_s", rate, rate_text(active, rate))))
     html = "".join(
@@ -138,8 +134,8 @@ def summary_section(report: Report) -> str:
     )
     extra = (
         f'<p class="note">Over every run in the action logs. Rates count active time: '
-        f"a stretch of {IDLE_GAP_SECONDS} s or more without any attempt (a stall, the "
-        "time between runs) is left out.</p>"
+        f"a stretch of {IDLE_GAP_SECONDS} s or more in which no attempt was logged or on "
+        "its way (a stall, the time between runs) is left out.</p>"
     )
     if total.first_problem:
         extra += f'<p class="note">First unreadable line: {escape(total.first_problem)}</p>'
@@ -154,8 +150,8 @@ def tasks_table(tasks: dict[str, LogStats], prefix: str = "task") -> str:
     """One row per action log (a Slurm task's, or the data directory's own)."""
     rows = []
     for name, stats in tasks.items():
-        active, rate = stats.active_seconds, stats.pages_per_second
-        failed = stats.outcomes["retry"] + stats.outcomes["error"]
+        pace = Pace.of(stats)
+        active, rate, failed = pace.active, pace.pages_per_second, pace.failed
         key = f"{prefix}:{name}"
         rows.append(
             f"<tr><td>{escape(name)}</td>{cell(f'{key}:lines', stats.lines)}"
@@ -167,16 +163,6 @@ def tasks_table(tasks: dict[str, LogStats], prefix: str = "task") -> str:
     return "<h3>Action logs</h3>" + table(headers, rows)
 
 
-def run_title(run: RunReport) -> str:
-    if run.entry is None:
-        return "Before the first recorded run" if run.number == 0 and run.total.first_ts else "All"
-    entry = run.entry
-    return (
-        f"Run {run.number}: {entry.get('spider', '?')}, started {entry.get('started', '?')} "
-        f"on {entry.get('host', '?')} (pid {entry.get('pid', '?')})"
-    )
-
-
 def runs_table(report: Report) -> str:
     """Every run (runs.jsonl) with its own counts and rates."""
     if not report.runs:
@@ -184,8 +170,8 @@ def runs_table(report: Report) -> str:
     rows = []
     for run in reversed(report.runs):
         stats, n = run.total, run.number
-        active, rate = stats.active_seconds, stats.pages_per_second
-        failed = stats.outcomes["retry"] + stats.outcomes["error"]
+        pace = Pace.of(stats)
+        active, rate, failed = pace.active, pace.pages_per_second, pace.failed
         name = escape(run_title(run).split(":", 1)[0])
         link = f'<a href="#run-{n}">{name}</a>' if n in shown_runs(report) else name
         spider = escape(str((run.entry or {}).get("spider", "")))
@@ -209,18 +195,17 @@ def runs_section(report: Report) -> str:
         return '<h2>Rate</h2><p class="note">No action log: no rates to show.</p>'
     parts = []
     for run in reversed(report.runs[-RUN_SECTIONS:]):
-        parts.append(run_section(run))
+        parts.append(run_section(run, report.stored))
     return "".join(parts)
 
 
-def run_section(run: RunReport) -> str:
+def run_section(run: RunReport, stored: set[str]) -> str:
     stats, n = run.total, run.number
     head = f'<h2 id="run-{n}">{escape(run_title(run))}</h2>'
     if not stats.lines:
         return head + '<p class="note">No attempts logged in this run.</p>'
-    active = stats.active_seconds
-    rate = stats.pages_per_second
-    byte_rate = stats.ok_bytes / active if active else 0.0
+    pace = Pace.of(stats)
+    active, rate, byte_rate = pace.active, pace.pages_per_second, pace.bytes_per_second
     tiles = [
         ("pages (ok)", stat(f"run:{n}:ok", stats.pages)),
         ("cache hits", stat(f"run:{n}:cache_hit", stats.outcomes["cache_hit"])),
@@ -256,23 +241,29 @@ def run_section(run: RunReport) -> str:
             f"Attempts per second by outcome ({width} s bins)",
         )
     )
-    parts.append(problems_table(stats, f"run:{n}"))
+    parts.append(problems_table(stats, f"run:{n}", stored))
     return "".join(parts)
 
 
-def problems_table(stats: LogStats, prefix: str) -> str:
-    """Each cause of failed attempts, how often, on how many hosts, what to do."""
-    kinds = stats.kinds()
-    if not kinds:
+def problems_table(stats: LogStats, prefix: str, stored: set[str]) -> str:
+    """Each cause of failed attempts: how often, on how many hosts, how many URLs were
+    given up with it; below it, what it means, what became of those URLs, what to do
+    (a row of its own, so that it reads in a narrow window)."""
+    found = problems(stats, stored)
+    if not found:
         return '<p class="note">No retries or errors.</p>'
     rows = []
-    for kind, n in kinds.most_common():
-        hosts = sum(1 for counts in stats.host_errors.values() if counts[kind])
+    for p in found:
+        key = f"{prefix}:cause:{p.cause}"
+        text = " ".join(part for part in (p.advice, p.fate) if part)
         rows.append(
-            f"<tr><td>{escape(kind)}</td>{cell(f'{prefix}:cause:{kind}', n)}"
-            f"<td class='n'>{hosts:,}</td><td class='text'>{escape(advice(kind))}</td></tr>"
+            f"<tr><td>{escape(p.cause)}</td>{cell(key, p.attempts)}"
+            f"<td class='n'>{p.hosts:,}</td>{cell(f'{prefix}:givenup:{p.cause}', p.given_up)}"
+            f"</tr><tr class='more'><td colspan='4' class='text' data-fate='{escape(p.cause)}'>"
+            f"{escape(text)}</td></tr>"
         )
-    return "<h3>Problems</h3>" + table(["cause", "failed attempts", "hosts", "what to do"], rows)
+    headers = ["cause", "failed attempts", "hosts", "URLs given up"]
+    return "<h3>Problems</h3>" + table(headers, rows)
 
 
 def catalog_section(report: Report) -> str:
@@ -310,10 +301,9 @@ def catalog_section(report: Report) -> str:
 
 
 def hosts_section(total: LogStats) -> str:
-    if not total.host_errors:
-        return '<h2>Hosts with errors</h2><p class="note">No retries or errors logged.</p>'
-    ranked = sorted(total.host_errors.items(), key=lambda kv: (-sum(kv[1].values()), kv[0]))
-    top = ranked[:TOP_HOSTS]
+    top = failing_hosts(total)
+    if not top:
+        return '<h2>Hosts with errors</h2><p class="note">No host had retries or errors.</p>'
     kinds = sorted({kind for _, counts in top for kind in counts})
     parts = {kind: [counts[kind] for _, counts in top] for kind in kinds}
     hosts = [host for host, _ in top]
@@ -344,60 +334,27 @@ def hosts_section(total: LogStats) -> str:
     )
 
 
-def host_limits(report: Report) -> dict[str, tuple[float | None, str]]:
-    """Per host of the report: the most requests per second its settings allow, and
-    why: the hub's budget interval when it keeps one, else the larger of the run's
-    DOWNLOAD_DELAY and a Crawl-delay the action log says the host was kept to."""
-    rates = report.total.rates
-    settings = dict(report.settings)
-    try:
-        delay = float(settings.get("DOWNLOAD_DELAY") or 0)
-    except ValueError:
-        delay = 0.0
-    budgets = {b.key: b for b in report.host_budgets}
-    limits: dict[str, tuple[float | None, str]] = {}
-    for host in set(rates.bins) | set(budgets):
-        budget = budgets.get(host)
-        if budget is not None and budget.interval > 0:
-            why = f"hub budget: one per {budget.interval:g} s"
-            if budget.crawl_delay and budget.crawl_delay >= budget.interval:
-                why = f"Crawl-delay {budget.crawl_delay:g} s (hub)"
-            limits[host] = (1 / budget.interval, why)
-            continue
-        crawl_delay = rates.crawl_delays.get(host, 0.0)
-        if crawl_delay > delay:
-            limits[host] = (1 / crawl_delay, f"Crawl-delay {crawl_delay:g} s")
-        elif delay > 0:
-            limits[host] = (1 / delay, f"DOWNLOAD_DELAY {delay:g} s")
-        else:
-            limits[host] = (None, "none: DOWNLOAD_DELAY 0")
-    return limits
-
-
 def politeness_section(report: Report) -> str:
     rates = report.total.rates
-    busiest = rates.busiest(TOP_HOSTS)
-    head = "<h2>Requests per host against its limit</h2>"
-    if not busiest:
-        return head + '<p class="note">No requests logged.</p>' + backoff_table(report)
     limits = host_limits(report)
-    plotted = busiest[:PLOTTED_HOSTS]
+    head = "<h2>Requests per host against its limit</h2>"
+    if not limits:
+        return head + '<p class="note">No requests logged.</p>' + backoff_table(report)
+    plotted = limits[:PLOTTED_HOSTS]
     svg = plots.host_rate_figure(
         "host-rates",
         rates.width,
-        [(host, rates.series(host), limits[host][0]) for host in plotted],
+        [(h.host, rates.series(h.host), h.limit) for h in plotted],
     )
     rows = []
-    for host in busiest:
-        limit, why = limits[host]
-        peak = rates.peak(host)
-        ratio = f"{peak / limit:.2f}" if limit else "-"
+    for h in limits:
+        host, limit, ratio = h.host, h.limit, h.ratio
         rows.append(
-            f"<tr><td>{escape(host)}</td>{cell(f'hostreq:{host}', rates.requests[host])}"
-            f"{cell(f'hostpeak:{host}', peak, f'{peak:.2f}')}"
+            f"<tr><td>{escape(host)}</td>{cell(f'hostreq:{host}', h.requests)}"
+            f"{cell(f'hostpeak:{host}', h.peak, f'{h.peak:.2f}')}"
             f"{cell(f'hostlimit:{host}', limit or 0, f'{limit:.2f}' if limit else '-')}"
-            f"{cell(f'hostratio:{host}', peak / limit if limit else 0, ratio)}"
-            f"<td>{escape(why)}</td></tr>"
+            f"{cell(f'hostratio:{host}', ratio or 0, f'{ratio:.2f}' if ratio else '-')}"
+            f"<td data-limit-from='{escape(host)}'>{escape(h.why)}</td></tr>"
         )
     note = (
         f'<p class="note">Requests (every attempt the action logs say was sent, all runs '
@@ -478,24 +435,6 @@ def backoff_table(report: Report) -> str:
     return "".join(parts)
 
 
-def lease_spans(hub: HubSummary) -> list[tuple[str, list[tuple[float, float, str]]]]:
-    """Per proxy, its leases (kind: how each ended) and the rests after them."""
-    rows = []
-    for proxy in hub.proxies:
-        leases = [lease for lease in hub.leases if lease.proxy_id == proxy.id]
-        spans = []
-        for i, lease in enumerate(leases):
-            end = lease.ended if lease.ended is not None else hub.now
-            spans.append((lease.started, end, lease.end_reason or "held"))
-            if lease.end_reason in ("banned", "rotated"):
-                following = leases[i + 1].started if i + 1 < len(leases) else None
-                rest_end = following or proxy.resting_until
-                if rest_end and rest_end > end:
-                    spans.append((end, min(rest_end, hub.now), "rest"))
-        rows.append((proxy.url, spans))
-    return rows
-
-
 def proxy_section(total: LogStats, hub: HubSummary | None) -> str:
     parts = ["<h2>Proxies</h2>"]
     if hub is None and not total.proxy_outcomes:
@@ -527,7 +466,7 @@ def proxy_section(total: LogStats, hub: HubSummary | None) -> str:
                 leases = sum(1 for lease in hub.leases if lease.proxy_id == p.id)
                 resting = p.resting_until if p.resting_until and p.resting_until > hub.now else None
                 rows.append(
-                    f"<tr><td>{escape(p.url)}</td><td>{escape(p.state)}"
+                    f"<tr><td class='url'>{escape(p.url)}</td><td>{escape(p.state)}"
                     f"{'' if p.enabled else ' (disabled)'}</td>"
                     f"{cell(f'proxy:{p.url}:requests', p.total_uses)}"
                     f"{cell(f'proxy:{p.url}:failures', p.failures)}"
@@ -540,9 +479,9 @@ def proxy_section(total: LogStats, hub: HubSummary | None) -> str:
         rows = []
         for proxy, counts in sorted(total.proxy_outcomes.items()):
             cells = "".join(cell(f"proxylog:{proxy}:{o}", counts[o]) for o in OUTCOMES)
-            rows.append(f"<tr><td>{escape(proxy)}</td>{cells}</tr>")
+            rows.append(f"<tr><td class='url'>{escape(proxy)}</td>{cells}</tr>")
         parts.append("<p>Attempts per proxy in the action log:</p>")
-        parts.append(table(["proxy", *OUTCOMES], rows))
+        parts.append(table(["proxy", *(o.replace("_", " ") for o in OUTCOMES)], rows))
     return "".join(parts)
 
 
@@ -565,12 +504,6 @@ def queues_section(report: Report) -> str:
         '<p class="note">The hub\'s work queues; ETA at the rate of the last 10 minutes.</p>'
         + table(headers, rows)
     )
-
-
-def duration(seconds: float) -> str:
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
 def items_section(report: Report) -> str:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from crawler.storage.actionlog import FAILED, OUTCOMES
+from crawler.storage.actionlog import BAD_LINE_KIND, FAILED, OUTCOMES, error_kind
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,13 @@ _BYTES = len(OUTCOMES)
 # crawl retries within, shorter than a stall anyone would want averaged in).
 IDLE_GAP_SECONDS = 60
 
+# URLs whose last attempt failed (an ``error`` line with a key) kept per log, to ask
+# the catalogs whether they were stored since; past it they are only counted.
+MAX_GIVEN_UP = 50_000
+# A line that names no host (a bad line of the URL list) is counted by its cause, never
+# as a host's failure.
+NO_HOST = frozenset({"(none)", "(bad url)"})
+
 # Lines that are a request sent to a host (a cache hit, an item or a wait is not).
 REQUEST_OUTCOMES = frozenset({"ok", "not_modified", "unchanged", "retry", "error"})
 # Requests per host are counted in bins this wide at first (the window in which a
@@ -45,27 +52,6 @@ HOST_BIN_SECONDS = 10
 MAX_HOST_BINS = 512
 MAX_RATE_HOSTS = 200
 _CRAWL_DELAY = re.compile(r"Crawl-delay ([0-9.]+) s")
-
-_STATUS = re.compile(r"(?:HTTP )?([1-5]\d\d)\b")
-_LIST_LINE = re.compile(r"\S+:\d+: ")
-ROBOTS_KIND = "forbidden by robots.txt"
-BAD_LINE_KIND = "bad line in the URL list"
-
-
-def error_kind(error: str | None, status: int | None) -> str:
-    """One name per cause of failure, whoever wrote the line: ``HTTP 500`` for a
-    retry's "500 Internal Server Error" as for the final error, the exception's class
-    name without its module, a bad line of the URL list whatever its file."""
-    if error:
-        head = error.split(":", 1)[0].strip()
-        if match := _STATUS.fullmatch(head) or _STATUS.match(error):
-            return f"HTTP {match.group(1)}"
-        if "robots.txt" in error.lower() and "forbidden" in error.lower():
-            return ROBOTS_KIND
-        if _LIST_LINE.match(error):
-            return BAD_LINE_KIND
-        return head.rsplit(".", 1)[-1][:60] or "error"
-    return f"HTTP {status}" if status else "unknown"
 
 
 def host_of(url: str) -> str:
@@ -96,8 +82,18 @@ class LogStats:
     first_problem: str | None = None
     hosts_dropped: int = 0
     rates: HostRates = field(default_factory=lambda: HostRates())
+    # Failed attempts by cause, every one (host_errors drops hosts, and skips lines
+    # that name none).
+    causes: Counter[str] = field(default_factory=Counter)
+    # Per cause, the keys of URLs given up with it (an ``error`` line), up to
+    # MAX_GIVEN_UP in all, and how many more there were.
+    given_up: defaultdict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    given_up_untracked: Counter[str] = field(default_factory=Counter)
+    # Per bin (as ``bins``), the earliest start of an attempt that ended in it: an
+    # attempt in flight through a long stretch without lines keeps that stretch active.
+    starts: dict[int, float] = field(default_factory=dict)
 
-    def add(self, ts: float, outcome: str, nbytes: int) -> None:
+    def add(self, ts: float, outcome: str, nbytes: int, elapsed: float = 0.0) -> None:
         key = int(ts) // self.width
         slots = self.bins.get(key)
         if slots is None:
@@ -112,6 +108,10 @@ class LogStats:
             slots[slot] += 1
         if outcome == "ok":
             slots[_BYTES] += nbytes
+        if elapsed > 0:
+            start = ts - elapsed
+            if start < self.starts.get(key, ts):
+                self.starts[key] = start
         if self.first_ts is None or ts < self.first_ts:
             self.first_ts = ts
         if self.last_ts is None or ts > self.last_ts:
@@ -128,6 +128,10 @@ class LogStats:
                 for i, value in enumerate(slots):
                     into[i] += value
         self.bins = merged
+        starts: dict[int, float] = {}
+        for key, start in self.starts.items():
+            starts[key // 2] = min(start, starts.get(key // 2, start))
+        self.starts = starts
         self.width *= 2
 
     def series(
@@ -167,14 +171,23 @@ class LogStats:
 
     @property
     def active_seconds(self) -> float:
-        """The span less its idle stretches (no attempt for IDLE_GAP_SECONDS or more),
-        as far as the bins tell: rates over it are the crawl's speed while it ran."""
+        """The span less its idle stretches: IDLE_GAP_SECONDS or more with no line
+        written and no attempt in flight (an attempt's line says, in ``elapsed_ms``,
+        how long it was on its way), as far as the bins tell. Rates over it are the
+        crawl's speed while it ran."""
         keys = sorted(self.bins)
-        idle = sum(
-            gap
-            for a, b in zip(keys, keys[1:], strict=False)
-            if (gap := (b - a - 1) * self.width) >= IDLE_GAP_SECONDS
-        )
+        idle = 0.0
+        # The earliest start of an attempt that ended in each bin or a later one.
+        earliest = float("inf")
+        reach = {}
+        for key in reversed(keys):
+            earliest = min(earliest, self.starts.get(key, float("inf")))
+            reach[key] = earliest
+        for a, b in zip(keys, keys[1:], strict=False):
+            quiet_from = (a + 1) * self.width
+            quiet_to = min(b * self.width, reach[b])
+            if quiet_to - quiet_from >= IDLE_GAP_SECONDS:
+                idle += quiet_to - quiet_from
         return max(self.span_seconds - idle, 0.0)
 
     @property
@@ -184,11 +197,18 @@ class LogStats:
         return self.pages / active if active else 0.0
 
     def kinds(self) -> Counter[str]:
-        """Failed attempts by cause, over every host."""
-        total: Counter[str] = Counter()
-        for counts in self.host_errors.values():
-            total.update(counts)
-        return total
+        """Failed attempts by cause, every one counted."""
+        return self.causes
+
+    def give_up(self, kind: str, key: str) -> None:
+        """A URL (its key) whose attempt failed with *kind* and was not retried."""
+        keys = self.given_up[kind]
+        if key in keys:
+            return
+        if sum(map(len, self.given_up.values())) >= MAX_GIVEN_UP:
+            self.given_up_untracked[kind] += 1
+            return
+        keys.add(key)
 
     def merge(self, other: LogStats) -> None:
         """Add another log's counts (for the total over several tasks)."""
@@ -198,6 +218,9 @@ class LogStats:
             into = self._bin_at(key * other.width)
             for i, value in enumerate(slots):
                 into[i] += value
+        for key, start in other.starts.items():
+            mine = int(key * other.width) // self.width
+            self.starts[mine] = min(start, self.starts.get(mine, start))
         self.lines += other.lines
         self.bad_lines += other.bad_lines
         self.outcomes.update(other.outcomes)
@@ -215,6 +238,11 @@ class LogStats:
             self.proxy_outcomes[proxy].update(counts)
         self.first_problem = self.first_problem or other.first_problem
         self.rates.merge(other.rates)
+        self.causes.update(other.causes)
+        for kind, keys in other.given_up.items():
+            for key in keys:
+                self.give_up(kind, key)
+        self.given_up_untracked.update(other.given_up_untracked)
 
     def prune_hosts(self) -> None:
         """Keep the half of the hosts with most failures."""
@@ -464,12 +492,21 @@ def _count(stats: LogStats, entry: dict, ts: float, outcome: str) -> None:
     stats.outcomes[outcome] += 1
     nbytes = (entry.get("bytes") or 0) if outcome == "ok" else 0
     stats.ok_bytes += nbytes
-    stats.add(ts, outcome, nbytes)
+    elapsed = entry.get("elapsed_ms")
+    seconds = elapsed / 1000 if isinstance(elapsed, (int, float)) else 0.0
+    stats.add(ts, outcome, nbytes, seconds if outcome in REQUEST_OUTCOMES else 0.0)
     if outcome in FAILED:
         kind = error_kind(entry.get("error"), entry.get("status"))
-        stats.host_errors[host_of(entry.get("url") or "")][kind] += 1
-        if len(stats.host_errors) > MAX_HOSTS:
-            stats.prune_hosts()
+        stats.causes[kind] += 1
+        key = entry.get("key")
+        if outcome == "error" and key:
+            stats.give_up(kind, key)
+        # A bad line of the URL list is no host's failure, whatever it holds.
+        host = "(none)" if kind == BAD_LINE_KIND else host_of(entry.get("url") or "")
+        if host not in NO_HOST:
+            stats.host_errors[host][kind] += 1
+            if len(stats.host_errors) > MAX_HOSTS:
+                stats.prune_hosts()
     proxy = entry.get("proxy")
     if proxy:
         stats.proxy_outcomes[proxy][outcome] += 1

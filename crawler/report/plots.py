@@ -11,6 +11,7 @@ import io
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from crawler.report.model import byte_unit
 from crawler.storage.actionlog import OUTCOMES
 
 # Imported with the first figure (load_matplotlib): over a second of imports that the
@@ -96,15 +97,6 @@ def _time_axis(ax) -> None:
     ax.xaxis.set_major_formatter(mdates.DateFormatter(pattern, tz=UTC))
     ax.set_xlabel(TIME_LABEL)
     ax.grid(alpha=0.3)
-
-
-def byte_unit(peak: float) -> tuple[float, str]:
-    """(divisor, unit) for a bytes/s axis whose largest value is *peak*: 600000 bytes/s
-    reads as 600 kB/s."""
-    for divisor, unit in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
-        if peak >= divisor:
-            return divisor, unit
-    return 1.0, "B/s"
 
 
 def _legend(canvas: Canvas, ax) -> None:

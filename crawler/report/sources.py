@@ -178,6 +178,28 @@ def read_item_tables(conn: sqlite3.Connection) -> dict[str, ItemTable]:
     return tables
 
 
+def stored_keys(paths: list[Path], keys: set[str], chunk: int = 500) -> set[str]:
+    """Which of *keys* have a row in any of the catalogs *paths* (read-only)."""
+    found: set[str] = set()
+    wanted = sorted(keys)
+    for path in paths:
+        try:
+            conn = open_readonly(path)
+        except sqlite3.Error as exc:
+            raise ReportError(f"{path}: cannot read the catalog: {exc}") from exc
+        try:
+            for i in range(0, len(wanted), chunk):
+                part = wanted[i : i + chunk]
+                marks = ", ".join("?" * len(part))
+                sql = f"SELECT key FROM artifacts WHERE key IN ({marks})"
+                found.update(row[0] for row in conn.execute(sql, part))
+        except sqlite3.Error as exc:
+            raise ReportError(f"{path}: cannot read the catalog: {exc}") from exc
+        finally:
+            conn.close()
+    return found
+
+
 def read_catalogs(paths: list[Path]) -> CatalogSummary:
     total = CatalogSummary()
     for path in paths:

@@ -8,11 +8,11 @@ from scrapy.http import HtmlResponse, TextResponse
 from crawler.items import PageSummary
 
 # Straight on lxml: through parsel, wrapping each of a page's text nodes in a Selector
-# made the summary cost several times as much (docs/benchmarks.md).
+# made the summary cost several times as much (the history of docs/benchmarks.md).
 _BODY_TEXT = etree.XPath("//body//text()[not(ancestor::script)]", smart_strings=False)
 _LINKS = etree.XPath("count(//a[@href])")
 # What response.css("a::attr(href)") asks, compiled once: the cheapest of the ways
-# measured (docs/benchmarks.md, link extraction).
+# measured (the history of docs/benchmarks.md, link extraction).
 _HREFS = etree.XPath("descendant-or-self::a/@href", smart_strings=False)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterable
 from enum import StrEnum
@@ -41,6 +42,29 @@ OUTCOMES = tuple(Outcome)
 NOT_FINAL = frozenset({Outcome.RETRY, Outcome.ITEM_ERROR, Outcome.HOST_WAIT})
 # Fetch attempts that failed (the report groups their errors by host).
 FAILED = frozenset({Outcome.RETRY, Outcome.ERROR})
+_STATUS = re.compile(r"(?:HTTP )?([1-5]\d\d)\b")
+_LIST_LINE = re.compile(r"\S+:\d+: ")
+ROBOTS_KIND = "forbidden by robots.txt"
+BAD_LINE_KIND = "bad line in the URL list"
+
+
+def error_kind(error: str | None, status: int | None) -> str:
+    """One name per cause of failure, whoever wrote the line (the end summary's
+    ``actions/error/<cause>`` counts, the report's problems): ``HTTP 500`` for a
+    retry's "500 Internal Server Error" as for the final error, the exception's class
+    name without its module, a bad line of the URL list whatever its file."""
+    if error:
+        head = error.split(":", 1)[0].strip()
+        if match := _STATUS.fullmatch(head) or _STATUS.match(error):
+            return f"HTTP {match.group(1)}"
+        if "robots.txt" in error.lower() and "forbidden" in error.lower():
+            return ROBOTS_KIND
+        if _LIST_LINE.match(error):
+            return BAD_LINE_KIND
+        return head.rsplit(".", 1)[-1][:60] or "error"
+    return f"HTTP {status}" if status else "unknown"
+
+
 _encode = json.JSONEncoder(ensure_ascii=False).encode
 # What ``_encode`` makes of a cache hit, as a template: a resumed crawl logs tens of
 # thousands a second, and the encoder took more of that time than the lookup did.

@@ -62,7 +62,7 @@ class BatchWriter:
         return n
 
     def upsert(self, row: Row) -> None:
-        # Not dataclasses.astuple: it deep-copies every field (docs/benchmarks.md).
+        # Not dataclasses.astuple: it deep-copies every field (the history of docs/benchmarks.md).
         self._upserts.append(tuple(row.__dict__.values()))
         self._maybe_flush()
 

@@ -89,7 +89,7 @@ MIGRATIONS: dict[int, str] = {
     # A rowid table with a unique key, instead of WITHOUT ROWID: DuckDB's sqlite
     # extension (ATTACH ... (TYPE sqlite)) reads a table by rowid ranges and cannot
     # read a table without one. The table is copied, so the migration of a large
-    # catalog takes a while once (docs/benchmarks.md, catalog lookups).
+    # catalog takes a while once (the history of docs/benchmarks.md, catalog lookups).
     4: """
     DROP TRIGGER totals_insert;
     DROP TRIGGER totals_update;

@@ -26,7 +26,7 @@ _DEFAULT_PORTS = {"http": ":80", "https": ":443"}
 # URLs that w3lib would return unchanged but for the order of their query arguments:
 # lowercase ASCII host, no escapes, no dot segments, no fragment. Most URLs of a crawl
 # look like this, and w3lib takes a quarter of what skipping a stored URL costs on
-# each (docs/benchmarks.md); tests/test_keys.py checks this path against w3lib.
+# each (the history of docs/benchmarks.md); tests/test_keys.py checks this path against w3lib.
 _SIMPLE_URL = re.compile(
     r"(https?://[a-z0-9-]+(?:\.[a-z0-9-]+)*(?::([1-9][0-9]{0,4}))?)"
     r"(/[A-Za-z0-9._~/-]*)?(?:\?([A-Za-z0-9._~=&-]*))?\Z"

@@ -338,7 +338,7 @@ class ArchiveFormat:
         """As :meth:`read_span`, each record decoded only when asked for: the file is
         read (OSError raised) now, each body inflated just before its page is parsed,
         while it is in the CPU's caches. Holding a task's 200 inflated bodies at once
-        took fresh memory for every task (docs/benchmarks.md)."""
+        took fresh memory for every task (the history of docs/benchmarks.md)."""
         start, end = spans[0][0], spans[-1][0] + spans[-1][1]
         with _open_either(path) as f:
             f.seek(start)

@@ -7,7 +7,8 @@ gets the row; a 304 revalidation becomes a ``revisit`` record, and so does a pay
 the archive holds already (profile identical-payload-digest, referring to the record
 that holds it, where the row keeps pointing). Response records carry
 the request's key, URL and method, so that the archive alone can rebuild the catalog.
-Records are read with FastWARC, the fastest reader measured here (docs/benchmarks.md).
+Records are read with FastWARC, the fastest reader measured here (the history of
+docs/benchmarks.md).
 
 Longer than the project's other modules on purpose: a format is one module (writer,
 reader, indexer, repair), so that adding one touches the registry and one new file.

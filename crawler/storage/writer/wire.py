@@ -4,8 +4,8 @@ A message is a header (length of the pickled message, length of the body, where 
 body is), the message pickled with the fetch's body left out, and the body. Bodies
 go through :class:`BodyRing`, memory shared with the writer: one copy costs the crawl
 much less than writing the body into a pipe does (page allocation and accounting in
-the kernel; docs/benchmarks.md). A body that does not fit in the ring's free space follows its message in the
-pipe instead, so a slow writer fills the pipe and the crawl waits: the backpressure
+the kernel; the history of docs/benchmarks.md). A body that does not fit in the
+ring's free space follows its message in the pipe instead, so a slow writer fills the pipe and the crawl waits: the backpressure
 that keeps memory bounded.
 
 Ordering: a body is copied into the ring before its message is written to the pipe,
