@@ -147,7 +147,7 @@ class ItemPagesMiddleware:
     def log_item_error(self, page: _Page, message: str) -> None:
         """An ``item_error`` line in the action log, for an item of ``page``."""
         if self.storage is not None:
-            self.storage.item_error(page.url, page.key, message)
+            self.storage.actions.item_error(page.url, page.key, message)
 
     def _maybe_send(self, page: _Page) -> None:
         if not page.exhausted or page.outstanding:

@@ -6,7 +6,7 @@ fetch again (``CATALOG_SEEN``), open the action log and have the writer process 
 the store; then look keys up, replay stored records, hand fetches to the writer; at
 the end, drain the writer, release everything and say what the run stored.
 
-``extensions/storage.py`` is the Scrapy adapter over it; ``scrapy shell`` and the
+``extensions/storage/`` is the Scrapy adapter over it; ``scrapy shell`` and the
 offline HTTP cache (``extensions/archive_cache.py``) replay through it. No Scrapy here.
 """
 
