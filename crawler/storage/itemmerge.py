@@ -13,19 +13,20 @@ import sqlite3
 from pathlib import Path
 
 from crawler.storage.catalog import attached, transaction
-from crawler.storage.items import META_COLUMNS, PAGE_LOG, PAGE_LOG_SQL, PAGES_SQL, PAGES_TABLE
+from crawler.storage.items import (
+    KEY_INDEX_SUFFIX,
+    PAGE_LOG,
+    PAGE_LOG_SQL,
+    PAGES_SQL,
+    PAGES_TABLE,
+    item_table_names,
+)
 from crawler.storage.items import quote as q
 
 
 def _columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> dict[str, str]:
     rows = conn.execute(f"PRAGMA {schema}.table_info({q(table)})").fetchall()
     return {r[1]: r[2] for r in rows}
-
-
-def item_table_names(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
-    """Tables with the item columns, and the bookkeeping tables that exist."""
-    names = conn.execute(f"SELECT name FROM {schema}.sqlite_master WHERE type = 'table'")
-    return [n for (n,) in names.fetchall() if set(META_COLUMNS) <= set(_columns(conn, n, schema))]
 
 
 def prune_items(conn: sqlite3.Connection) -> int:
@@ -87,7 +88,7 @@ def _copy_table(conn: sqlite3.Connection, table: str) -> int:
         conn.execute(sql)  # created in main
         # Tables keyed by (_key, _seq) are searched by that key; a natural key's table
         # has an index of its pages (ItemTables.ensure).
-        index = table + "_by_key"
+        index = table + KEY_INDEX_SUFFIX
         if conn.execute(
             "SELECT 1 FROM src.sqlite_master WHERE type = 'index' AND name = ?", (index,)
         ).fetchone():
