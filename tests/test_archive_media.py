@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -38,6 +39,7 @@ from tests.media_site import (
     MediaSpider,
     image_path,
 )
+from tests.polling import wait_until
 from tests.thirdparty import catalog_rows, record_problem
 
 PAGES = 10
@@ -155,7 +157,10 @@ async def test_documents_and_images_are_records_and_rows_and_a_second_crawl_fetc
         (thumbs,) = db.execute(
             "SELECT count(*) FROM artifacts WHERE url LIKE 'http://thumbs.invalid/%'"
         ).fetchone()
+        # The page log (what `reparse --follow` parses) holds pages, not downloads.
+        (logged,) = db.execute("SELECT count(*) FROM _page_log").fetchone()
     assert thumbs == IMAGES * len(THUMBS)
+    assert logged == PAGES
     assert media_site.media_requests() == DOCS + IMAGES
 
     again = await media_crawl(media_site, data_dir, tmp_path, 2)
@@ -304,6 +309,47 @@ def test_a_kill_loses_no_committed_download(tmp_path, data_dir, whole_tree):
         assert {url: after[url] for url in kept} == kept
         assert [u for u in kept if site.counts[urlsplit(u).path] != 1] == []
         assert_no_loose_file(data_dir)
+    finally:
+        site.stop()
+
+
+@pytest.mark.parametrize("fmt", ["warc", "zip"])
+def test_after_a_kill_only_pages_are_parsed_again_and_downloads_stay_downloads(tmp_path, fmt):
+    """A kill before any commit leaves pages, documents, images and thumbnails in the
+    open archive file; the next run's recovery indexes them all, and parses only the
+    pages (a download's record says no callback owns it). The sqlite format keeps no
+    body before its commit: tests/test_items_crash.py has it at the store's level."""
+    site = MediaSite(delay=0.01)
+    site.start()
+    data_dir = tmp_path / "data"
+    media = ("-s", "SPIDER_MODULES=spiders,tests.media_site", "-s", f"ARCHIVE_FORMAT={fmt}")
+    try:
+        url_file = write_urls(tmp_path / "urls.txt", listing_urls(site, 1))
+        # No commit before the kill: every record stays in the open file.
+        held = ("-s", "CATALOG_BATCH_SIZE=100000", "-s", "CATALOG_FLUSH_SECONDS=600")
+        with open(tmp_path / "killed.log", "w") as log:
+            proc = subprocess.Popen(
+                crawl_command(url_file, data_dir, *media, *held, spider="media"),
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=crawl_env(),
+                start_new_session=True,
+            )  # fmt: skip
+        wait_until(lambda: site.media_requests() >= 150, "downloads under way", proc=proc)
+        kill_group(proc, signal.SIGKILL)
+        assert committed_rows(data_dir) == 0
+
+        result = run_crawl(url_file, data_dir, *media, spider="media")
+        assert result.returncode == 0, result.stderr[-3000:]
+        log = result.stderr
+        assert "Spider error processing" not in log and "NotSupported" not in log, log[-3000:]
+        recovered = re.search(r"Parsing (\d+) pages a killed run stored without", log)
+        assert recovered and 0 < int(recovered.group(1)) <= PAGES, log[-3000:]
+        # One item per listing page, none of a download, each with all its downloads.
+        with contextlib.closing(catalog(data_dir)) as db:
+            items = db.execute("SELECT page, files, images FROM media").fetchall()
+        assert sorted(page for page, _, _ in items) == sorted(listing_urls(site, 1))
+        assert all(len(json.loads(files)) == DOCS_PER_PAGE for _, files, _ in items)
+        assert all(len(json.loads(images)) == IMAGES_PER_PAGE for _, _, images in items)
+        assert committed_rows(data_dir) == PAGES + DOCS + IMAGES * (1 + len(THUMBS))
     finally:
         site.stop()
 

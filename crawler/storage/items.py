@@ -434,8 +434,8 @@ class ItemStore:
         self.held[row.key] = row
 
     def unparsed(self, row) -> None:
-        """Queue the row of a response no callback parses: it has no items to wait for."""
-        self._new.append(row.key)
+        """Queue the row of a response no callback parses: it has no items to wait for,
+        and is no page of the page log (a follower would parse it)."""
         self._upsert(row)
 
     def done(self, page: PageItems) -> None:

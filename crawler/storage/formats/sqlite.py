@@ -41,6 +41,7 @@ from crawler.storage.formats.base import (
     writing_marker,
 )
 from crawler.storage.records import (
+    DOWNLOAD_META,
     KEY_HEADER,
     METHOD_HEADER,
     REQUESTED_URI_HEADER,
@@ -134,6 +135,8 @@ class SqliteWriter(ArchiveWriter):
             "fetched_at": warc_date(fetch.fetched_at),
             "digest": digest,
         }
+        if not fetch.parsed:
+            meta[DOWNLOAD_META] = 1
         if self.level > 0:
             body = zlib.compress(body, self.level, 31)  # a gzip member: any tool reads it
             meta["encoding"] = "gzip"
@@ -169,6 +172,8 @@ class SqliteWriter(ArchiveWriter):
             "refers_to_uri": original.final_url,
             "refers_to_date": original.fetched_at,
         }
+        if not fetch.parsed:
+            meta[DOWNLOAD_META] = 1
         headers = payload_headers(fetch.response_headers, len(fetch.body))
         self._insert(fetch.key, None, headers, meta)
         return fetch_row(
@@ -299,16 +304,16 @@ def index_row(row: tuple, relpath: str, out: Indexed) -> None:
     """Add what one ``bodies`` row says about the catalog to ``out``."""
     row_id, key, body, headers_json, meta_json = row
     meta, headers = json.loads(meta_json), json.loads(headers_json)
+    download = bool(meta.get(DOWNLOAD_META))
     if meta["type"] == "revisit" and meta.get("refers_to"):
-        out.rows.append(revisit_row({**meta, "key": key}, headers))
+        out.add(revisit_row({**meta, "key": key}, headers), download)
         return
     if meta["type"] == "revisit":
         etag, last_modified = header(headers, "ETag"), header(headers, "Last-Modified")
         out.touches.append((key, etag, last_modified, meta["fetched_at"]))
         return
-    out.rows.append(
-        meta_row({**meta, "key": key}, headers, relpath, row_id, len(_stored_bytes(body)))
-    )
+    row = meta_row({**meta, "key": key}, headers, relpath, row_id, len(_stored_bytes(body)))
+    out.add(row, download)
 
 
 def _index(path: Path, relpath: str, out: Indexed) -> int:
