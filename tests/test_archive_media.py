@@ -198,6 +198,35 @@ async def test_expired_downloads_are_fetched_again(media_site, data_dir, tmp_pat
     assert_entries_resolve(media_site, data_dir, again, "downloaded")
 
 
+@deferred_f_from_coro_f
+async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data_dir, tmp_path):
+    broken = image_path(3)  # on listing page 0
+    media_site.broken.add(broken)
+    items = await media_crawl(media_site, data_dir, tmp_path, 1, range(2))
+    assert media_site.counts[broken] == 3  # tried, retried twice: no row
+    first = [e["url"] for e in items[0]["images"]]
+    assert len(first) == IMAGES_PER_PAGE - 1 and not any(u.endswith(broken) for u in first)
+
+    # The next run of the same list: the page is stored, its download is not.
+    media_site.broken.clear()
+    requests = media_site.media_requests()
+    urls = write_urls(tmp_path / "again.txt", listing_urls(media_site, 1, range(2)))
+    await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert media_site.counts[broken] == 4
+    assert media_site.media_requests() == requests + 1  # that one alone
+    with contextlib.closing(catalog(data_dir)) as db:
+        stored = dict(db.execute("SELECT page, images FROM media"))
+    assert len(stored) == 2
+    images = [json.loads(v) for v in stored.values()]
+    assert sorted(len(i) for i in images) == [IMAGES_PER_PAGE, IMAGES_PER_PAGE]
+    body = stored_body(data_dir, "url = ?", (media_site.base_url + broken,))
+    assert body == media_site.payload(broken)
+
+    # Complete now: a third run downloads nothing.
+    await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert media_site.media_requests() == requests + 1
+
+
 @pytest.mark.parametrize("fmt", ["warc", "sqlite"])
 @deferred_f_from_coro_f
 async def test_downloads_and_thumbnails_ship_and_merge_intact(media_site, tmp_path, fmt):

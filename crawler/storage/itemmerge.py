@@ -14,6 +14,8 @@ from pathlib import Path
 
 from crawler.storage.catalog import attached, transaction
 from crawler.storage.items import (
+    INCOMPLETE_SQL,
+    INCOMPLETE_TABLE,
     KEY_INDEX_SUFFIX,
     PAGE_LOG,
     PAGE_LOG_SQL,
@@ -36,7 +38,7 @@ def prune_items(conn: sqlite3.Connection) -> int:
     with transaction(conn):
         for table in item_table_names(conn):
             deleted += conn.execute(f"DELETE FROM {q(table)} WHERE {gone}").rowcount
-        for table in (PAGES_TABLE, PAGE_LOG):
+        for table in (PAGES_TABLE, PAGE_LOG, INCOMPLETE_TABLE):
             if _columns(conn, table):
                 conn.execute(f"DELETE FROM {table} WHERE {gone}")
     return deleted
@@ -68,6 +70,16 @@ def merge_items_from(conn: sqlite3.Connection, path: str | Path) -> int:
                 f"INSERT OR REPLACE INTO main.{PAGES_TABLE} SELECT * FROM src.{PAGES_TABLE} "
                 "WHERE _key IN (SELECT key FROM temp.won)"
             )
+            if _columns(conn, INCOMPLETE_TABLE):
+                conn.execute(
+                    f"DELETE FROM main.{INCOMPLETE_TABLE} WHERE (_key, _spider) IN ({pages})"
+                )
+            if _columns(conn, INCOMPLETE_TABLE, "src"):
+                conn.execute(INCOMPLETE_SQL)
+                conn.execute(
+                    f"INSERT OR IGNORE INTO main.{INCOMPLETE_TABLE} SELECT _key, _spider "
+                    f"FROM src.{INCOMPLETE_TABLE} WHERE _key IN (SELECT key FROM temp.won)"
+                )
             if _columns(conn, PAGE_LOG, "src"):
                 conn.execute(
                     f"INSERT INTO main.{PAGE_LOG} (_key) SELECT _key FROM src.{PAGE_LOG} "

@@ -34,6 +34,10 @@ PAGE_LOG = "_page_log"
 # are committed before their items are parsed, so the list is kept until they are (a
 # run killed in between leaves them to the next: middlewares/items.py).
 RECOVERED_TABLE = "_recovered_pages"
+# Pages whose items a spider stored while a download of theirs failed (it got no row):
+# its next crawl parses them again from the archive, so that the download is tried
+# again (middlewares/items.py); a page is deleted from the list once parsed complete.
+INCOMPLETE_TABLE = "_incomplete_pages"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 # The catalog's own tables (crawler/storage/catalog.py), never an item table; nor is
 # any name starting with "_" (this module's tables) or "sqlite_" (SQLite's), nor one
@@ -64,13 +68,25 @@ CREATE TABLE IF NOT EXISTS {PAGE_LOG} (
     _key TEXT NOT NULL
 )"""
 RECOVERED_SQL = f"CREATE TABLE IF NOT EXISTS {RECOVERED_TABLE} (_key TEXT PRIMARY KEY)"
+INCOMPLETE_SQL = f"""
+CREATE TABLE IF NOT EXISTS {INCOMPLETE_TABLE} (
+    _key TEXT NOT NULL,
+    _spider TEXT NOT NULL,
+    PRIMARY KEY (_key, _spider)
+)"""
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+    )
 
 
 def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[str]:
     """The ones among ``keys`` whose items of ``spider`` are stored."""
-    if not conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (PAGES_TABLE,)
-    ).fetchone():
+    if not _has_table(conn, PAGES_TABLE):
         return set()
     found: set[str] = set()
     for i in range(0, len(keys), 500):
@@ -124,6 +140,7 @@ class PageItems:
 
     ``replace``: the page was answered from the catalog (or is parsed again), so its
     items replace those stored, whether or not a row of this run goes with them.
+    ``incomplete``: a download of its items failed, and the page is to be parsed again.
     ``rows`` on the crawl's side; the writer gets them as ``runs`` (:func:`runs_of`).
     """
 
@@ -133,6 +150,7 @@ class PageItems:
     parsed_at: str
     replace: bool = False
     log: bool = False  # a row indexed by a recovery: new to followers too
+    incomplete: bool = False
     _runs: list[Run] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -146,12 +164,20 @@ class PageItems:
         return sum(len(run[4]) for run in self.runs) if self._runs is not None else len(self.rows)
 
     def to_wire(self) -> tuple:
-        return (self.key, self.spider, self.runs, self.parsed_at, self.replace, self.log)
+        return (
+            self.key,
+            self.spider,
+            self.runs,
+            self.parsed_at,
+            self.replace,
+            self.log,
+            self.incomplete,
+        )
 
     @classmethod
     def from_wire(cls, wire: tuple) -> PageItems:
-        key, spider, runs, parsed_at, replace, log = wire
-        return cls(key, spider, [], parsed_at, replace, log, runs)
+        key, spider, runs, parsed_at, replace, log, incomplete = wire
+        return cls(key, spider, [], parsed_at, replace, log, incomplete, runs)
 
     def __reduce__(self):
         # Pickled (a re-parse worker's pages to its parent) as on the wire: the rows'
@@ -198,6 +224,7 @@ class ItemTables:
         self._columns: dict[str, set[str]] = {}
         # INSERT statements by (table, field names), known to have their columns.
         self._shapes: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._incomplete_listed = False
         conn.execute(PAGES_SQL)
         conn.execute(PAGE_LOG_SQL)
 
@@ -326,7 +353,30 @@ class ItemTables:
         self.conn.executemany(
             f"INSERT OR REPLACE INTO {PAGES_TABLE} VALUES (?, ?, ?, ?, ?)", summaries
         )
+        self._note_incomplete(pages)
         return n
+
+    def _note_incomplete(self, pages: list[PageItems]) -> None:
+        """List the incomplete pages to parse again; the others leave the list."""
+        incomplete = [(p.key, p.spider) for p in pages if p.incomplete]
+        if incomplete:
+            self.conn.execute(INCOMPLETE_SQL)
+            self._incomplete_listed = True
+            self.conn.executemany(
+                f"INSERT OR IGNORE INTO {INCOMPLETE_TABLE} VALUES (?, ?)", incomplete
+            )
+        if len(incomplete) == len(pages) or not self._lists_incomplete():
+            return
+        self.conn.executemany(
+            f"DELETE FROM {INCOMPLETE_TABLE} WHERE _key = ? AND _spider = ?",
+            [(p.key, p.spider) for p in pages if not p.incomplete],
+        )
+
+    def _lists_incomplete(self) -> bool:
+        # Asked until the list exists: most catalogs never have one.
+        if not self._incomplete_listed:
+            self._incomplete_listed = _has_table(self.conn, INCOMPLETE_TABLE)
+        return self._incomplete_listed
 
 
 class ItemTableWriter:
@@ -395,11 +445,21 @@ class RecoveredPagesWriter(PageLogWriter):
     insert = f"INSERT OR IGNORE INTO {RECOVERED_TABLE} (_key) VALUES (?)"
 
 
+def incomplete_pages(conn: sqlite3.Connection, spider: str) -> list[tuple[str, str]]:
+    """(key, url) of the pages whose items of ``spider`` were stored while a download of
+    theirs failed."""
+    if not _has_table(conn, INCOMPLETE_TABLE):
+        return []
+    return conn.execute(
+        f"SELECT i._key, a.url FROM {INCOMPLETE_TABLE} i JOIN artifacts a ON a.key = i._key "
+        "WHERE i._spider = ?",
+        (spider,),
+    ).fetchall()
+
+
 def unparsed_recovered(conn: sqlite3.Connection, spider: str) -> list[tuple[str, str]]:
     """(key, url) of the recovered pages whose items of ``spider`` are not stored."""
-    if not conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (RECOVERED_TABLE,)
-    ).fetchone():
+    if not _has_table(conn, RECOVERED_TABLE):
         return []
     pages = conn.execute(
         f"SELECT r._key, a.url FROM {RECOVERED_TABLE} r JOIN artifacts a ON a.key = r._key"
