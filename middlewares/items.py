@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from scrapy import Request, signals
 from scrapy.exceptions import NotConfigured
 
+from crawler.signals import LISTED_META
 from crawler.storage.catalog import Catalog
 from crawler.storage.errors import StoreError
 from crawler.storage.items import (
@@ -225,6 +226,7 @@ class ItemPagesMiddleware:
 
 
 def _replay(key: str, url: str, **meta) -> Request:
-    """A request for a stored page, answered from the archive to be parsed."""
+    """A request for a stored page, answered from the archive to be parsed: no URL of
+    the crawl's list (its own request, if listed, is one)."""
     meta = {"catalog_replay": True, "catalog_key": key, "catalog_url": url, **meta}
-    return Request(url, dont_filter=True, meta=meta)
+    return Request(url, dont_filter=True, meta={LISTED_META: False, **meta})

@@ -199,6 +199,19 @@ async def test_expired_downloads_are_fetched_again(media_site, data_dir, tmp_pat
 
 
 @deferred_f_from_coro_f
+async def test_listed_urls_done_count_the_listed_pages_not_their_downloads(
+    media_site, data_dir, tmp_path
+):
+    urls = write_urls(tmp_path / "urls.txt", listing_urls(media_site, 1, range(3)))
+    crawler = await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert crawler.stats.get_value("progress/list_done") == 3
+    assert crawler.stats.get_value("actions/ok") == 3 * (1 + DOCS_PER_PAGE + IMAGES_PER_PAGE)
+    # Stored now: the same list again is three cache hits, its downloads untouched.
+    crawler = await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert crawler.stats.get_value("progress/list_done") == 3
+
+
+@deferred_f_from_coro_f
 async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data_dir, tmp_path):
     broken = image_path(3)  # on listing page 0
     media_site.broken.add(broken)
@@ -369,6 +382,8 @@ def test_after_a_kill_only_pages_are_parsed_again_and_downloads_stay_downloads(t
         result = run_crawl(url_file, data_dir, *media, spider="media")
         assert result.returncode == 0, result.stderr[-3000:]
         log = result.stderr
+        # The pages parsed again from the archive are no more URLs of the list.
+        assert f"listed URLs done: {PAGES}." in log, log[-3000:]
         assert "Spider error processing" not in log and "NotSupported" not in log, log[-3000:]
         recovered = re.search(r"Parsing (\d+) pages a killed run stored without", log)
         assert recovered and 0 < int(recovered.group(1)) <= PAGES, log[-3000:]

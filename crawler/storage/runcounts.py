@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from crawler.storage.actionlog import NOT_FINAL, OUTCOMES
+from crawler.storage.actionlog import NOT_FINAL, OUTCOMES, Outcome
 
 
 class RunCounts:
@@ -83,11 +83,15 @@ def outcomes_line(get: Callable[..., int | None], committed: int | None = None) 
     failed; the rest of what it was handed is indexed or fetched again next run."""
     counts = ", ".join(f"{get(f'actions/{outcome}', 0):,} {outcome}" for outcome in OUTCOMES)
     if committed is not None:
-        # What was committed, not what was fetched: the rest is fetched again.
+        # What was committed, not what was fetched: the rest is fetched again. Every
+        # answer handed to the writer makes a row, whatever its line says: a revisit
+        # (unchanged) and a 304 (not_modified) too, and a thumbnail a pipeline made.
+        handed = sum(get(f"actions/{o}", 0) for o in (Outcome.OK, Outcome.UNCHANGED))
+        handed += get("actions/not_modified", 0) + get("archive/made", 0)
         counts = (
-            f"storage failed, {committed:,} rows committed "
-            f"(of {get('actions/ok', 0):,} fetched ok: the next run indexes the others "
-            "from the archive, or fetches them again), " + counts.split(", ", 1)[1]
+            f"storage failed, {committed:,} rows committed (of {handed:,} fetched ok, "
+            "unchanged, refreshed or made: the next run indexes the others from the "
+            "archive, or fetches them again), " + counts.split(", ", 1)[1]
         )
     total = get("progress/list_total")
     done = f"{get('progress/list_done', 0):,}" + (f" of {total:,}" if total else "")

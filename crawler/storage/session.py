@@ -113,13 +113,23 @@ class EndSummary:
     body_bytes: int
     archive_bytes: int
     archive_files: int
-    revisits: int = 0  # pages fetched again unchanged, stored as revisits
+    revisits: int = 0  # fetches stored as revisits: unchanged, or by digest
+    unchanged: int = 0  # of those, pages fetched again with their stored payload
 
     def text(self) -> str:
+        """What the run stored, counted as its outcome line counts it: a page new to its
+        URL is stored (``ok``), whole or as a revisit of the same payload under another
+        URL (ARCHIVE_DEDUP=digest); a page fetched again unchanged is not."""
         by_status = ", ".join(f"{s}: {n}" for s, n in self.by_status.items()) or "none"
+        by_digest = self.revisits - self.unchanged
         return (
-            f"This run stored {self.stored} responses ({self.stored_bytes:,} bytes)"
-            + (f", {self.revisits} unchanged as revisits," if self.revisits else "")
+            f"This run stored {self.stored + by_digest} responses ({self.stored_bytes:,} bytes"
+            + (
+                f"; {by_digest} of them as revisits of the same payload under another URL)"
+                if by_digest
+                else ")"
+            )
+            + (f", {self.unchanged} unchanged as revisits," if self.unchanged else "")
             + f" and refreshed {self.refreshed}.\n"
             f"Catalog {self.datadir.catalog_path}: {self.rows} rows ({by_status}), "
             f"{self.body_bytes:,} bytes of bodies.\n"
@@ -334,6 +344,7 @@ class StorageSession:
             stored_bytes=stored["bytes"],
             refreshed=stored["refreshed"],
             revisits=stored.get("revisits", 0),
+            unchanged=stored.get("unchanged", 0),
             datadir=self.datadir,
             rows=totals["rows"],
             by_status=totals["by_status"],

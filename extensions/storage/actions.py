@@ -36,12 +36,13 @@ class ActionRecorder:
         self.record_action(**kwargs)
 
     def record_action(
-        self, url: str, key: str | None, outcome: str, depth: int = 0, **fields
+        self, url: str, key: str | None, outcome: str, listed: bool = True, **fields
     ) -> None:
-        """One line of the action log, counted (``actions/<outcome>``)."""
+        """One line of the action log, counted (``actions/<outcome>``; a final one of a
+        ``listed`` URL is that URL done)."""
         if key is not None and outcome not in NOT_FINAL:
             self.counts.finished(key)
-        self.counts.outcome(outcome, depth == 0)
+        self.counts.outcome(outcome, listed)
         log = self.session.log
         if log is not None:
             self.append(log.write, url, key, outcome, **fields)
@@ -84,7 +85,7 @@ class ActionRecorder:
         """``request`` is for a key this run has logged already: counted, not logged."""
         crawler_signals.mark_final(request, Outcome.CACHE_HIT)
         self.counts.inc("catalog/duplicates")
-        if request.meta.get("depth", 0) == 0:
+        if crawler_signals.listed(request):
             self.counts.inc("progress/list_done")
 
     def request_dropped(self, request: Request, spider=None) -> None:

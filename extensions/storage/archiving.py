@@ -59,7 +59,7 @@ class Archiver:
         action = self.actions.fields(
             request, outcome=Outcome.OK, status=fetch.status, bytes=size, ts=time.time()
         )
-        depth = action.pop("depth")
+        listed = action.pop("listed")
         try:
             self.session.put(fetch, action, self.policy.revisit_of(fetch, stored))
         except StoreError as exc:
@@ -72,7 +72,7 @@ class Archiver:
         self.waits.stored(fetch.key)
         counts.inc("archive/stored")
         counts.inc("archive/stored_bytes", size)
-        counts.outcome(Outcome.OK, depth == 0)
+        counts.outcome(Outcome.OK, listed)
 
     def refresh(self, request: Request, fetch: Fetch, row: Row | None) -> bool:
         """A 304 to a revalidation: the row's validators and time refreshed."""
