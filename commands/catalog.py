@@ -141,7 +141,8 @@ unreadable records), 2 for bad arguments."""
             else:
                 print("not fixed (answer y, or pass --yes)", file=sys.stderr)
         _print(report.lines())
-        return 0 if report.ok or report.dropped or report.reindexed else 1
+        fixed = report.dropped or report.reindexed or report.repaired
+        return 0 if report.ok or fixed else 1
 
     def do_rebuild(self, rest, opts) -> int:
         from crawler.tools.rebuild import Rebuild

@@ -22,7 +22,7 @@ from crawler.cli import tidy_parser
 from crawler.quietlog import quiet_crawl_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
-from crawler.storage.errors import CatalogError
+from crawler.storage.errors import ArchiveError, CatalogError
 from crawler.storage.keys import request_key
 
 logger = logging.getLogger(__name__)
@@ -132,7 +132,8 @@ def offline_miss(settings, url: str) -> str | None:
     """Why ``url`` cannot be answered offline, or None when it can (or is not offline).
 
     Offline, Scrapy's shell would hand the console ``response = None`` for a URL that
-    is not stored, and the user's first ``response.status`` would fail.
+    is not stored, or whose stored copy cannot be read, and the user's first
+    ``response.status`` would fail.
     """
     if (settings.get("ARCHIVE_SHELL") or "archive").lower() != "offline":
         return None
@@ -142,18 +143,33 @@ def offline_miss(settings, url: str) -> str | None:
     if datadir.catalog_path.exists():
         try:
             with Catalog(datadir.catalog_path, readonly=True) as catalog:
-                if catalog.get(request_key(url)) is not None:
-                    return None
+                row = catalog.get(request_key(url))
         except (CatalogError, sqlite3.DatabaseError) as exc:
             return (
                 f"cannot read the catalog {datadir.catalog_path} ({exc}): check it with "
                 "`scrapy catalog verify`, or rebuild it with `scrapy catalog rebuild`"
             )
+        if row is not None:
+            return unreadable_copy(datadir, row)
     return (
         f"{url} is not in the catalog of {datadir.root} (ARCHIVE_SHELL=offline fetches "
         "nothing): fetch and store it with `scrapy shell URL`, or crawl it with "
         "`scrapy crawl site -a urls=FILE`"
     )
+
+
+def unreadable_copy(datadir: DataDir, row) -> str | None:
+    """Why the stored copy of ``row`` cannot be read, or None when it can."""
+    try:
+        datadir.read(row)
+    except (ArchiveError, OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return (
+            f"the stored copy of {row.url} cannot be read ({row.archive}, offset "
+            f"{row.offset}: {why}): restore that file, or drop the rows it lost with "
+            "`scrapy catalog verify --fix` and fetch the URL again"
+        )
+    return None
 
 
 def close_storage(crawler) -> None:

@@ -442,6 +442,15 @@ class Catalog:
         sql = f"SELECT DISTINCT archive FROM artifacts WHERE {where} ORDER BY archive"
         return [name for (name,) in self.conn.execute(sql)]
 
+    def archive_extents(self) -> list[tuple[str, int, int, int]]:
+        """``(archive, rows, end, last_offset)`` of each archive file rows name: how far
+        its rows reach into it (the largest ``offset + length``) and the largest offset."""
+        sql = (
+            'SELECT archive, count(*), max("offset" + length), max("offset") '
+            "FROM artifacts GROUP BY archive ORDER BY archive"
+        )
+        return self.conn.execute(sql).fetchall()
+
     def count_by(self, column: str) -> list[tuple]:
         """``(value, rows)`` for each value of ``column``, in order of the value."""
         col = repr_col(column)

@@ -398,6 +398,15 @@ class SqliteFormat(ArchiveFormat):
         _index(path, relpath or os.path.relpath(path, data_dir), out)
         return out
 
+    def holds(self, path, end: int, last_offset: int) -> bool:
+        # A row's offset is the id of its body: the file must hold that id.
+        try:
+            with connect(path) as db:
+                (last,) = db.execute("SELECT max(id) FROM bodies").fetchone()
+        except (OSError, sqlite3.Error, ArchiveError):
+            return False
+        return last is not None and last >= last_offset
+
     def scan(self, path: Path, relpath: str, scan: Scan) -> None:
         try:
             scan.records += _index(path, relpath, scan.indexed)

@@ -578,6 +578,8 @@ class WarcFormat(ArchiveFormat):
                     return
                 except ArchiveError as exc:
                     scan.problems.append(f"{path}: {exc}; skipped to the next record")
+                    if isinstance(exc, TruncatedRecordError):
+                        scan.cut.append(path)
                     start = _next_member(f, pos + 1)
                     if start < 0:
                         return

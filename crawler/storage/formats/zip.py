@@ -461,6 +461,8 @@ class ZipFormat(ArchiveFormat):
                 scan.records += 1
         except ArchiveError as exc:
             scan.problems.append(f"{exc}; the entries after it are not indexed")
+            if isinstance(exc, TruncatedRecordError):
+                scan.cut.append(path)
 
     def repair(self, path: Path, data_dir: Path) -> Repair:
         """A partial entry is cut off (kept beside the file as ``<name>.cut-<time>``)
