@@ -16,6 +16,7 @@ records), 2 for bad arguments.
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
@@ -30,6 +31,18 @@ from crawler.storage.errors import CatalogError, StoreError
 # module to run any one of them, a crawl included, which needs none of these.
 
 ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz", "report")
+
+
+# Errors of a place that cannot be written: a read-only data directory, a full disk.
+UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+
+
+def os_error(exc: OSError) -> str:
+    """One line for an OSError a tool met, naming the file."""
+    where = exc.filename or "a file"
+    if exc.errno in UNWRITABLE:
+        return f"cannot write {where}: {exc.strerror} (write the output elsewhere with -o FILE)"
+    return f"{where}: {exc.strerror or exc}"
 
 
 def _warn(message: str) -> None:
@@ -115,6 +128,9 @@ unreadable records), 2 for bad arguments."""
             self.exitcode = getattr(self, f"do_{action}")(rest, opts) or 0
         except (ToolError, CatalogError, StoreError) as exc:
             print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 1
+        except OSError as exc:
+            print(f"error: {os_error(exc)}", file=sys.stderr)
             self.exitcode = 1
 
     def do_stats(self, rest, opts) -> int:

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.storage.catalog import Catalog
+from crawler.storage.catalog import Catalog, readonly_uri
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError
 from crawler.storage.items import item_table_names, quote
@@ -119,7 +119,7 @@ class CatalogSummary:
 
 
 def open_readonly(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=30)
     conn.execute("PRAGMA query_only = 1")
     return conn
 

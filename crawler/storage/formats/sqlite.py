@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from crawler.storage.catalog import readonly_uri
 from crawler.storage.errors import ArchiveError, SettingError
 from crawler.storage.formats.base import (
     ArchiveFormat,
@@ -245,7 +246,7 @@ def connect(path: str | os.PathLike) -> Iterator[sqlite3.Connection]:
     if not os.path.exists(path):
         raise FileNotFoundError(2, "No such file or directory", str(path))
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        db = sqlite3.connect(readonly_uri(path), uri=True, timeout=30)
     except sqlite3.Error as exc:
         raise SqliteArchiveError(f"{path}: cannot open the bodies database ({exc})") from exc
     try:
