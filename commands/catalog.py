@@ -23,7 +23,7 @@ from pathlib import Path
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import no_crawler_logging, pick_action, tidy_parser
+from crawler.cli import CheckedSettings, no_crawler_logging, pick_action, tidy_parser
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
 
@@ -54,7 +54,7 @@ def _print(lines) -> None:
         print(line)
 
 
-class Command(ScrapyCommand):
+class Command(CheckedSettings, ScrapyCommand):
     requires_project = True
     requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_LEVEL": "WARNING"}

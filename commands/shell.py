@@ -18,7 +18,7 @@ import sys
 from scrapy.commands.shell import Command as ScrapyShellCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import tidy_parser
+from crawler.cli import CheckedSettings, tidy_parser
 from crawler.quietlog import quiet_crawl_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
@@ -61,7 +61,7 @@ def shell_settings(settings, data_dir_free: bool = True) -> dict:
     }
 
 
-class Command(ScrapyShellCommand):
+class Command(CheckedSettings, ScrapyShellCommand):
     def short_desc(self) -> str:
         return "Console; stored URLs answered from the archive (ARCHIVE_SHELL)"
 

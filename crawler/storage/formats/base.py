@@ -27,7 +27,6 @@ OPEN_SUFFIX = ".open"
 _READ_CHUNK = 1 << 20
 
 COMPRESSORS = {"isal": isal_zlib, "zlib": zlib}
-MAX_LEVEL = {"isal": 3, "zlib": 9}
 
 
 def gzip_member(data: bytes | list, level: int, compressor: str = "isal") -> bytes:

@@ -29,6 +29,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from crawler import settingspecs
 from crawler.storage.catalog import readonly_uri
 from crawler.storage.errors import ArchiveError, SettingError
 from crawler.storage.formats.base import (
@@ -334,17 +335,11 @@ class SqliteFormat(ArchiveFormat):
     what = "body"
 
     def options(self, settings) -> dict:
-        level = settings.get("ARCHIVE_SQLITE_GZIP_LEVEL") or 0
+        name = "ARCHIVE_SQLITE_GZIP_LEVEL"  # 0: bodies searchable with LIKE
         try:
-            level = int(level)
-        except (TypeError, ValueError):
-            level = -1
-        if not 0 <= level <= 9:
-            raise SettingError(
-                f"ARCHIVE_SQLITE_GZIP_LEVEL must be 0 (bodies searchable) to 9, "
-                f"not {settings.get('ARCHIVE_SQLITE_GZIP_LEVEL')!r}"
-            )
-        return {"sqlite_gzip_level": level}
+            return {"sqlite_gzip_level": settingspecs.check_value(name, settings.get(name) or 0)}
+        except settingspecs.SettingValueError as exc:
+            raise SettingError(str(exc)) from None
 
     def writer(
         self,
