@@ -17,6 +17,7 @@ import re
 import signal
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -239,6 +240,36 @@ async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data
     # Complete now: a third run downloads nothing.
     await crawl(MediaSpider, data_dir, {}, urls=str(urls))
     assert media_site.media_requests() == requests + 1
+
+
+@deferred_f_from_coro_f
+async def test_an_expiry_of_two_days_keeps_downloads_two_days(
+    media_site, data_dir, tmp_path, monkeypatch
+):
+    """FILES_EXPIRES and IMAGES_EXPIRES count days: a day later the downloads are
+    uptodate, three days later they are fetched again (the pipelines' clock moved)."""
+    import pipelines.archive_files as archive_files
+
+    class Clock:
+        ahead = 0.0
+
+        @classmethod
+        def time(cls) -> float:
+            return time.time() + cls.ahead
+
+    monkeypatch.setattr(archive_files, "time", Clock)
+    expiry = {"FILES_EXPIRES": 2, "IMAGES_EXPIRES": 2}
+    first = await media_crawl(media_site, data_dir, tmp_path, 1, range(1), **expiry)
+    assert {e["status"] for e in first[0]["files"] + first[0]["images"]} == {"downloaded"}
+    requests = media_site.media_requests()
+    Clock.ahead = 86400.0
+    again = await media_crawl(media_site, data_dir, tmp_path, 2, range(1), **expiry)
+    assert {e["status"] for e in again[0]["files"] + again[0]["images"]} == {"uptodate"}
+    assert media_site.media_requests() == requests
+    Clock.ahead = 3 * 86400.0
+    late = await media_crawl(media_site, data_dir, tmp_path, 3, range(1), **expiry)
+    assert {e["status"] for e in late[0]["files"] + late[0]["images"]} == {"downloaded"}
+    assert media_site.media_requests() == requests + DOCS_PER_PAGE + IMAGES_PER_PAGE
 
 
 @pytest.mark.parametrize("fmt", ["warc", "sqlite"])

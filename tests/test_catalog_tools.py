@@ -266,19 +266,19 @@ def test_broken_samples_are_reported_with_file_and_offset(tmp_path):
 # -- a revisit whose original is missing or cut short --------------------------------------
 
 
-def revisited_dir(root, damage: str):
+def revisited_dir(root, damage: str | None, fmt: str = "warc"):
     """Pages 0-9 stored whole in one file, fetched again unchanged (revisits referring
     to that file, in a second one, with pages 10-19 stored whole); then the first file
-    deleted, or cut short after its third page. Returns the data directory, the first
-    file's name and a revisited page's URL."""
+    deleted, or cut short after its third page (``damage``). Returns the data
+    directory, the first file's name and a revisited page's URL."""
     from crawler.storage.store import Store, StoreConfig
     from tests.factories import listed_fetch
 
     data_dir = root / "data"
-    store = Store(StoreConfig(data_dir))
+    store = Store(StoreConfig(data_dir, format=fmt))
     stored = [store.put(listed_fetch(n)) for n in range(10)]
     store.close()
-    store = Store(StoreConfig(data_dir))
+    store = Store(StoreConfig(data_dir, format=fmt))
     for n in range(20):
         again = listed_fetch(n, fetched_at=1_800_000_000.0 + n)
         store.put(again, stored=stored[n] if n < 10 else None)
@@ -286,7 +286,7 @@ def revisited_dir(root, damage: str):
     original = data_dir / stored[0].archive
     if damage == "missing":
         original.unlink()
-    else:
+    elif damage == "cut":
         with open(original, "r+b") as f:
             f.truncate(stored[3].offset + stored[3].length // 2)
     return data_dir, stored[0].archive, stored[5].url
@@ -327,3 +327,36 @@ def test_tools_over_a_revisits_missing_original_name_it_and_fail(tmp_path, damag
 def catalog_rows_of(path) -> dict:
     with Catalog(path, readonly=True) as catalog:
         return {row.key: row for row in catalog.rows()}
+
+
+@pytest.mark.parametrize("fmt", ["warc", "zip", "sqlite"])
+def test_a_wacz_of_revisits_refers_to_the_records_it_holds(tmp_path, fmt):
+    """Each revisit in a WACZ names the response it stands for by URI and date
+    (WARC-Refers-To-Target-URI, WARC-Refers-To-Date), as replay tools look it up: read
+    with warcio, every such pair is a response record of the package."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    data_dir, _, _ = revisited_dir(tmp_path, None, fmt)
+    out = tmp_path / "out.wacz"
+    made = run_scrapy("catalog", "wacz", str(out), "-s", f"DATA_DIR={data_dir}")
+    assert made.returncode == 0, made.stderr
+    responses, revisits = set(), []
+    with zipfile.ZipFile(out) as zf:
+        for name in zf.namelist():
+            if not name.startswith("archive/"):
+                continue
+            with zf.open(name) as f:
+                for record in ArchiveIterator(f):
+                    headers = record.rec_headers
+                    uri, date = headers["WARC-Target-URI"], headers["WARC-Date"]
+                    if record.rec_type == "response":
+                        responses.add((uri, date))
+                    elif record.rec_type == "revisit":
+                        refers = (
+                            headers["WARC-Refers-To-Target-URI"],
+                            headers["WARC-Refers-To-Date"],
+                        )
+                        revisits.append((uri, date, refers))
+    assert len(revisits) == 10 and len(responses) == 20, (len(revisits), len(responses))
+    for uri, date, refers in revisits:
+        assert refers in responses and refers[1] != date, (uri, date, refers)
