@@ -163,7 +163,8 @@ def check_settings(settings, environ: Mapping[str, str] | None = None) -> None:
         if not settings.get(name):
             given[name] = value
     try:
-        settingspecs.check_settings(given, defaults)
+        for name, value in given.items():
+            settingspecs.check_value(name, value, defaults)
         settingspecs.check_combinations(lambda name: _checked(settings, name))
     except settingspecs.SettingValueError as exc:
         raise UsageError(f"setting {exc}", print_help=False) from None

@@ -464,32 +464,14 @@ def check_value(name: str, value: object, defaults: Mapping[str, object] | None 
 
 
 def check_combinations(get: Callable[[str], object]) -> None:
-    """Check the settings read together; ``get(name)`` gives a setting's checked value
-    (None: unset). Raises SettingValueError."""
+    """Check the settings read together (:data:`COMBINATIONS`); ``get(name)`` gives a
+    setting's checked value (None: unset). Raises SettingValueError."""
     for names, holds, rule in COMBINATIONS:
         values = [get(name) for name in names]
         if any(v is None for v in values) or holds(*values):
             continue
         given = ", ".join(f"{n}={v!r}" for n, v in zip(names, values, strict=True))
         raise SettingValueError(f"{given}: give values where {rule}")
-
-
-def check_settings(
-    settings: Mapping[str, object], defaults: Mapping[str, object] | None = None
-) -> dict[str, object]:
-    """Check each of ``settings`` (the first bad one raises) and their combinations
-    (``defaults`` fill in the ones not given); the values as a crawl reads them."""
-    checked = {name: check_value(name, value, defaults) for name, value in settings.items()}
-
-    def get(name: str) -> object:
-        if name in checked:
-            return checked[name]
-        if defaults is not None and name in SPECS and defaults.get(name) is not None:
-            return convert(name, defaults.get(name), SPECS[name])
-        return None
-
-    check_combinations(get)
-    return checked
 
 
 def unknown_name(name: str, known: Iterable[str], then: str = "") -> str | None:

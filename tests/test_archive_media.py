@@ -212,6 +212,17 @@ async def test_listed_urls_done_count_the_listed_pages_not_their_downloads(
     assert crawler.stats.get_value("progress/list_done") == 3
 
 
+def listed_incomplete(data_dir: Path) -> list[str]:
+    """The pages listed to be parsed again for a failed download, read with sqlite3."""
+    with contextlib.closing(catalog(data_dir)) as db:
+        return [
+            url
+            for (url,) in db.execute(
+                "SELECT a.url FROM _incomplete_pages i JOIN artifacts a ON a.key = i._key"
+            )
+        ]
+
+
 @deferred_f_from_coro_f
 async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data_dir, tmp_path):
     broken = image_path(3)  # on listing page 0
@@ -221,6 +232,7 @@ async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data
     (page0,) = [i for i in items if "/list/0.html" in i["page"]]
     first = [e["url"] for e in page0["images"]]
     assert len(first) == IMAGES_PER_PAGE - 1 and not any(u.endswith(broken) for u in first)
+    assert listed_incomplete(data_dir) == [page0["page"]]
 
     # The next run of the same list: the page is stored, its download is not.
     media_site.broken.clear()
@@ -236,6 +248,7 @@ async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data
     assert sorted(len(i) for i in images) == [IMAGES_PER_PAGE, IMAGES_PER_PAGE]
     body = stored_body(data_dir, "url = ?", (media_site.base_url + broken,))
     assert body == media_site.payload(broken)
+    assert listed_incomplete(data_dir) == []  # complete now
 
     # Complete now: a third run downloads nothing.
     await crawl(MediaSpider, data_dir, {}, urls=str(urls))

@@ -45,10 +45,15 @@ def check_setting(name: str, value: str, defaults: Mapping[str, object]) -> str 
 
 def check_settings(settings: dict[str, str], defaults: Mapping[str, object]) -> list[str]:
     """Check every one of ``settings`` (the first bad one raises) and the ones read
-    together (the others from ``defaults``); the warnings."""
+    together (the others' values from ``defaults``); the warnings."""
     warnings = [check_setting(name, value, defaults) for name, value in sorted(settings.items())]
+
+    def value(name: str) -> object:
+        given = settings[name] if name in settings else defaults.get(name)
+        return None if given is None else settingspecs.check_value(name, given, defaults)
+
     try:
-        settingspecs.check_settings(settings, defaults)
+        settingspecs.check_combinations(value)
     except settingspecs.SettingValueError as exc:
         raise JobSettingError(str(exc)) from None
     return [w for w in warnings if w]
