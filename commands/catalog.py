@@ -16,13 +16,14 @@ records), 2 for bad arguments.
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import no_crawler_logging, pick_action, tidy_parser
+from crawler.cli import CheckedSettings, no_crawler_logging, pick_action, tidy_parser
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError, StoreError
 
@@ -30,6 +31,18 @@ from crawler.storage.errors import CatalogError, StoreError
 # module to run any one of them, a crawl included, which needs none of these.
 
 ACTIONS = ("stats", "verify", "rebuild", "merge", "export", "index", "wacz", "report")
+
+
+# Errors of a place that cannot be written: a read-only data directory, a full disk.
+UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+
+
+def os_error(exc: OSError) -> str:
+    """One line for an OSError a tool met, naming the file."""
+    where = exc.filename or "a file"
+    if exc.errno in UNWRITABLE:
+        return f"cannot write {where}: {exc.strerror} (write the output elsewhere with -o FILE)"
+    return f"{where}: {exc.strerror or exc}"
 
 
 def _warn(message: str) -> None:
@@ -41,7 +54,7 @@ def _print(lines) -> None:
         print(line)
 
 
-class Command(ScrapyCommand):
+class Command(CheckedSettings, ScrapyCommand):
     requires_project = True
     requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_LEVEL": "WARNING"}
@@ -117,6 +130,9 @@ unreadable records), 2 for bad arguments."""
         except (ToolError, CatalogError, StoreError) as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1
+        except OSError as exc:
+            print(f"error: {os_error(exc)}", file=sys.stderr)
+            self.exitcode = 1
 
     def do_stats(self, rest, opts) -> int:
         from crawler.tools.item_export import item_table_lines
@@ -142,7 +158,8 @@ unreadable records), 2 for bad arguments."""
             else:
                 print("not fixed (answer y, or pass --yes)", file=sys.stderr)
         _print(report.lines())
-        return 0 if report.ok or report.dropped or report.reindexed else 1
+        fixed = report.dropped or report.reindexed or report.repaired
+        return 0 if report.ok or fixed else 1
 
     def do_rebuild(self, rest, opts) -> int:
         from crawler.tools.rebuild import Rebuild

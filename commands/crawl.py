@@ -14,8 +14,7 @@ import sys
 from scrapy.commands.crawl import Command as ScrapyCrawlCommand
 from scrapy.exceptions import UsageError
 
-import crawler.settings as project_settings
-from crawler.cli import EndsWithoutTeardown, check_setting_types, tidy_parser
+from crawler.cli import CheckedSettings, EndsWithoutTeardown, tidy_parser
 from crawler.quietlog import quiet_crawl_log
 
 logger = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ def exit_status(finish_reason: str | None, storage_error: str | None = None) -> 
     return EXIT_INTERRUPTED
 
 
-class Command(EndsWithoutTeardown, ScrapyCrawlCommand):
+class Command(CheckedSettings, EndsWithoutTeardown, ScrapyCrawlCommand):
     # The crawl has closed its storage (metadata.db complete on its own) when work()
     # returns: what is left of the process is the interpreter's teardown.
 
@@ -73,7 +72,6 @@ Exit status:
     def process_options(self, args, opts) -> None:
         super().process_options(args, opts)
         quiet_crawl_log(self.settings.getbool("LOG_QUIET"))
-        check_setting_types(self.settings, [project_settings])
 
     def work(self, args, opts) -> None:
         if len(args) != 1:

@@ -9,12 +9,14 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.project import get_project_settings
 
-from crawler.cli import pick_action, say_on_stderr, tidy_parser
+from crawler.cli import CheckedSettings, pick_action, say_on_stderr, tidy_parser
 
 ACTIONS = ("create", "set", "list", "show")
 
 
-class Command(ScrapyCommand):
+class Command(CheckedSettings, ScrapyCommand):
+    # create's -s values are the job's: `run` says what it makes of each name.
+    warn_unknown = False
     requires_project = False
     requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_ENABLED": False}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import pick_action, tidy_parser
+from crawler.cli import CheckedSettings, pick_action, tidy_parser
 
 if TYPE_CHECKING:
     from crawler.hub.admin import ProxyAdmin
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 ACTIONS = ("add", "import", "list", "disable", "enable", "unban", "stats")
 
 
-class Command(ScrapyCommand):
+class Command(CheckedSettings, ScrapyCommand):
     requires_project = False
     requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_ENABLED": False}
@@ -66,13 +66,22 @@ class Command(ScrapyCommand):
         # The hub here, not at the top: Scrapy imports every command's module to run any
         # one of them, and most commands have no use for the hub.
         from crawler.hub import Hub, HubError, ProxyPool
-        from crawler.hub.admin import ProxyAdmin
+        from crawler.hub.admin import ProxyAdmin, ProxyFileError
         from crawler.hub.db import hub_url
+        from crawler.hub.errors import InvalidProxyURLError
 
         assert self.settings is not None
         try:
-            with Hub.open(hub_url(self.settings, required=True)) as hub:
+            url = hub_url(self.settings, required=True)
+        except HubError as exc:  # no HUB_URL: a usage error
+            raise UsageError(str(exc)) from None
+        try:
+            with Hub.open(url) as hub:
                 print(self._dispatch(ProxyAdmin(ProxyPool(hub)), action, rest))
+        except (InvalidProxyURLError, ProxyFileError) as exc:
+            # A bad argument (a proxy URL, a line of the list): nothing was changed.
+            print(f"error: {exc}", file=sys.stderr)
+            self.exitcode = 2
         except HubError as exc:
             print(f"error: {exc}", file=sys.stderr)
             self.exitcode = 1

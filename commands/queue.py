@@ -8,13 +8,13 @@ import sys
 from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import pick_action, say_on_stderr, tidy_parser
+from crawler.cli import CheckedSettings, pick_action, say_on_stderr, tidy_parser
 from crawler.spiderkit.partition import MODES, PartitionError, check_mode
 
 ARGUMENTS = {"load": 2, "status": 1, "stats": 1, "requeue": 1}
 
 
-class Command(ScrapyCommand):
+class Command(CheckedSettings, ScrapyCommand):
     requires_project = False
     requires_crawler_process = False  # and so no version banner
     default_settings = {"LOG_ENABLED": False}
@@ -70,7 +70,11 @@ class Command(ScrapyCommand):
 
         assert self.settings is not None
         try:
-            with Hub.open(hub_url(self.settings, required=True)) as hub:
+            url = hub_url(self.settings, required=True)
+        except HubError as exc:  # no HUB_URL: a usage error
+            raise UsageError(str(exc)) from None
+        try:
+            with Hub.open(url) as hub:
                 admin = QueueAdmin(hub)
                 if action == "load":
                     partition = opts.partition or self.settings.get("CRAWL_PARTITION")

@@ -15,13 +15,13 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 from scrapy.utils.conf import arglist_to_dict
 
-from crawler.cli import EndsWithoutTeardown, no_crawler_logging, tidy_parser
+from crawler.cli import CheckedSettings, EndsWithoutTeardown, no_crawler_logging, tidy_parser
 
 if TYPE_CHECKING:
     from crawler.reparse.plan import ReparseConfig
 
 
-class Command(EndsWithoutTeardown, ScrapyCommand):
+class Command(CheckedSettings, EndsWithoutTeardown, ScrapyCommand):
     # The items are committed (or the output file closed) and the worker pool has
     # ended when work() returns: what is left is the interpreter's teardown.
 

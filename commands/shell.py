@@ -18,11 +18,11 @@ import sys
 from scrapy.commands.shell import Command as ScrapyShellCommand
 from scrapy.exceptions import UsageError
 
-from crawler.cli import tidy_parser
+from crawler.cli import CheckedSettings, tidy_parser
 from crawler.quietlog import quiet_crawl_log
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
-from crawler.storage.errors import CatalogError
+from crawler.storage.errors import ArchiveError, CatalogError
 from crawler.storage.keys import request_key
 
 logger = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def shell_settings(settings, data_dir_free: bool = True) -> dict:
     }
 
 
-class Command(ScrapyShellCommand):
+class Command(CheckedSettings, ScrapyShellCommand):
     def short_desc(self) -> str:
         return "Console; stored URLs answered from the archive (ARCHIVE_SHELL)"
 
@@ -131,15 +131,15 @@ def data_dir_problem(datadir: DataDir, settings) -> str | None:
     return None
 
 
-def stored(settings, url: str) -> bool:
-    """Whether the catalog of DATA_DIR holds *url*; raises ShellError when it cannot
-    be read."""
+def stored_row(settings, url: str):
+    """The catalog row of *url* in DATA_DIR, or None; raises ShellError when the
+    catalog cannot be read."""
     datadir = DataDir.from_settings(settings)
     if not datadir.catalog_path.exists():
-        return False
+        return None
     try:
         with Catalog(datadir.catalog_path, readonly=True) as catalog:
-            return catalog.get(request_key(url)) is not None
+            return catalog.get(request_key(url))
     except (CatalogError, sqlite3.DatabaseError) as exc:
         raise ShellError(
             f"cannot read the catalog {datadir.catalog_path} ({exc}): check it with "
@@ -155,16 +155,18 @@ def offline_miss(settings, url: str) -> str | None:
     """Why ``url`` cannot be answered offline, or None when it can (or is not offline).
 
     Offline, Scrapy's shell would hand the console ``response = None`` for a URL that
-    is not stored, and the user's first ``response.status`` would fail.
+    is not stored, or whose stored copy cannot be read, and the user's first
+    ``response.status`` would fail.
     """
     if mode(settings) != "offline" or not absolute(url):
         return None
     datadir = DataDir.from_settings(settings)
     try:
-        if stored(settings, url):
-            return None
+        row = stored_row(settings, url)
     except ShellError as exc:
         return str(exc)
+    if row is not None:
+        return unreadable_copy(datadir, row)
     return (
         f"{url} is not in the catalog of {datadir.root} (ARCHIVE_SHELL=offline fetches "
         "nothing): fetch and store it with `scrapy shell URL`, or crawl it with "
@@ -181,7 +183,7 @@ def where_from(settings, url: str, data_dir_free: bool = True) -> str | None:
     if mode(settings) == "live":
         return f"{url}: fetched from the network, not stored (ARCHIVE_SHELL=live)"
     try:
-        if stored(settings, url):
+        if stored_row(settings, url) is not None:
             return f"{url}: stored in {root}, answered from the archive (nothing is sent)"
     except ShellError:
         pass  # Scrapy's shell reports it, as a crawl would
@@ -204,6 +206,20 @@ def absolute(url: str) -> bool:
 
 def mode(settings) -> str:
     return (settings.get("ARCHIVE_SHELL") or "archive").lower()
+
+
+def unreadable_copy(datadir: DataDir, row) -> str | None:
+    """Why the stored copy of ``row`` cannot be read, or None when it can."""
+    try:
+        datadir.read(row)
+    except (ArchiveError, OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        return (
+            f"the stored copy of {row.url} cannot be read ({row.archive}, offset "
+            f"{row.offset}: {why}): restore that file, or drop the rows it lost with "
+            "`scrapy catalog verify --fix` and fetch the URL again"
+        )
+    return None
 
 
 def close_storage(crawler) -> None:

@@ -1,6 +1,6 @@
 """What the project's commands share: help that reads in an 80-column terminal, usage
-errors in one line (exit 2), checked command-line settings, and no version banner for
-the commands that run no crawl."""
+errors in one line (exit 2), checked settings (crawler/settingspecs.py), and no version
+banner for the commands that run no crawl."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from scrapy.commands import ScrapyHelpFormatter
 from scrapy.exceptions import UsageError
-from scrapy.settings import default_settings
+from scrapy.settings import SETTINGS_PRIORITIES, default_settings
 
+from crawler import settingspecs
 from crawler.helptext import fill
 
 EXIT_USAGE = 2
@@ -84,36 +86,76 @@ def pick_action(args: Sequence[str], actions: Sequence[str]) -> str:
     return args[0]
 
 
-# Integers as numbers: Scrapy reads some settings whose default is 0 as floats
-# (DOWNLOAD_DELAY=0.5).
-_CONVERTERS = {bool: "getbool", int: "getfloat", float: "getfloat"}
-_TYPE_NAMES = {bool: "True or False", int: "a number", float: "a number"}
+def setting_defaults() -> dict[str, object]:
+    """Every setting's default: Scrapy's, then the project's (crawler/settings.py)."""
+    from crawler import settings as project
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Scrapy's deprecated names warn when read
+        known = {k: getattr(default_settings, k) for k in dir(default_settings) if k.isupper()}
+    known.update({k: getattr(project, k) for k in dir(project) if k.isupper()})
+    return known
 
 
-def check_setting_types(settings, defaults: Sequence[object] = ()) -> None:
-    """Raise a UsageError naming the first command-line setting (``-s``) whose value
-    does not convert to the type of its default (a number, a boolean): the crawl
-    would fail later with a traceback naming neither.
-
-    ``defaults`` are modules or objects whose upper-case attributes are defaults, after
-    Scrapy's own.
-    """
-    known: dict[str, object] = {}
-    for source in (default_settings, *defaults):
-        known.update({k: getattr(source, k) for k in dir(source) if k.isupper()})
-    for name in settings:
-        if (settings.getpriority(name) or 0) < 40 or name not in known:
-            continue
-        kind = type(known[name])
-        if kind not in _CONVERTERS:
-            continue
+def check_assignments(assignments: Sequence[str], warn_unknown: bool = True) -> None:
+    """Check the ``-s NAME=VALUE`` of a command line before Scrapy reads them (it would
+    refuse a dict setting's bad JSON without naming it): a bad value is a one-line
+    UsageError (exit 2); a name that neither Scrapy nor the project knows is warned of
+    on stderr, with the closest known name."""
+    defaults = setting_defaults()
+    for assignment in assignments:
+        name, sep, value = assignment.partition("=")
+        if not sep:
+            continue  # Scrapy says how to write one
         try:
-            getattr(settings, _CONVERTERS[kind])(name)
-        except (TypeError, ValueError):
-            raise UsageError(
-                f"setting {name}={settings[name]!r}: expected {_TYPE_NAMES[kind]}",
-                print_help=False,
-            ) from None
+            settingspecs.check_value(name, value, defaults)
+        except settingspecs.SettingValueError as exc:
+            raise UsageError(f"setting {exc}", print_help=False) from None
+        then = " (read by no part of the crawl but a spider that asks for it)"
+        if warn_unknown and (warning := settingspecs.unknown_name(name, defaults, then)):
+            print(f"warning: -s {warning}", file=sys.stderr)
+
+
+def check_settings(settings, environ: Mapping[str, str] | None = None) -> None:
+    """Check what a command's settings hold besides its ``-s`` (checked already:
+    :func:`check_assignments`): the project's, and those the environment gives
+    (``HUB_URL``...), each as crawler/settingspecs.py declares it, and the settings read
+    together. A bad value is a one-line UsageError (exit 2)."""
+    defaults = setting_defaults()
+    project, cmdline = SETTINGS_PRIORITIES["project"], SETTINGS_PRIORITIES["cmdline"]
+    given = {
+        name: settings[name]
+        for name in settings
+        if project <= (settings.getpriority(name) or 0) < cmdline
+    }
+    environ = os.environ if environ is None else environ
+    for name, value in settingspecs.from_environment(environ).items():
+        if not settings.get(name):
+            given[name] = value
+    try:
+        for name, value in given.items():
+            settingspecs.check_value(name, value, defaults)
+        settingspecs.check_combinations(lambda name: _checked(settings, name))
+    except settingspecs.SettingValueError as exc:
+        raise UsageError(f"setting {exc}", print_help=False) from None
+
+
+def _checked(settings, name: str) -> object:
+    value = settings.get(name)
+    return None if value is None else settingspecs.check_value(name, value)
+
+
+class CheckedSettings:
+    """A command whose settings are checked (crawler/settingspecs.py) before it runs:
+    put it before Scrapy's command class among the bases. ``warn_unknown`` False: the
+    command says itself what it makes of a name (``scrapy job``)."""
+
+    warn_unknown = True
+
+    def process_options(self, args, opts) -> None:
+        check_assignments(getattr(opts, "set", None) or [], self.warn_unknown)
+        super().process_options(args, opts)
+        check_settings(self.settings)
 
 
 def no_crawler_logging(settings, level: str = "WARNING") -> None:

@@ -7,14 +7,13 @@ The rule (docs/how-to/item-tables.md):
   table named after the spider;
 - columns: the item's fields (ItemAdapter's names); a field's ``sqlite_type``
   metadata (``scrapy.Field(sqlite_type="REAL")``, ``field(metadata={...})``) or else
-  its first value decides the column's type; lists and dicts are stored as JSON text;
-- NaN is NULL, bare or in a list or dict (JSON null), and said once per field;
-  infinity is a REAL, and 1e999 in JSON text;
-- reserved: the catalog's own tables (``artifacts``, ``totals``), every name starting
-  with ``_`` or ``sqlite_`` and every name ending with ``_by_key`` (the natural-key
-  indexes) are never an item table; nor can two fields of
-  one item differ only in case (SQLite's column names ignore case): such an item is
-  an ``item_error``, and the page and its other items are stored;
+  its first value decides the column's type; values are encoded as
+  ``crawler/storage/itemvalues.py`` says (lists and dicts as JSON text, NaN as NULL,
+  said once per field);
+- reserved: the catalog's tables and names (``crawler.storage.items.reserved_table``)
+  are never an item table; nor can two fields of one item differ only in case
+  (SQLite's column names ignore case): such an item is an ``item_error``, and the
+  page and its other items are stored;
 - primary key: ``(_key, _seq)``, or the fields the class names in ``catalog_key``.
 
 Any item type ItemAdapter knows is accepted (scrapy.Item, dataclass, attrs, dict).
@@ -29,14 +28,8 @@ from functools import lru_cache
 from itemadapter import ItemAdapter
 from itemadapter.adapter import DataclassAdapter
 
-from crawler.storage.items import (
-    TYPES,
-    ItemRow,
-    ItemValueError,
-    column_value,
-    has_nan,
-    reserved_table,
-)
+from crawler.storage.items import RESERVED_RULE, ItemRow, reserved_table
+from crawler.storage.itemvalues import TYPES, ItemValueError, encode_values
 
 TYPE_META = "sqlite_type"
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
@@ -128,21 +121,10 @@ def item_row(item, spider_name: str) -> ItemRow:
     table = table or spider_name
     if problem := _table_problem(table):
         raise ItemFieldError(problem)
-    values: dict[str, object] = {}
-    nan_fields: list[str] = []
-    for name, value in item_values(item):
-        kind = type(value)
-        if kind is str or value is None:  # most values: as they are, nothing to check
-            values[name] = value
-            continue
-        try:
-            stored = values[name] = column_value(value)
-        except ItemValueError as exc:
-            raise ItemFieldError(str(exc), name) from None
-        # A NaN is stored as NULL: bare, or null in a list's JSON (walked only then).
-        nested = kind in _NESTED
-        if stored is None or nested and "null" in stored and has_nan(value):
-            nan_fields.append(name)
+    try:
+        values, nan_fields = encode_values(item_values(item))
+    except ItemValueError as exc:
+        raise ItemFieldError(str(exc), exc.field) from None
     if problem := _names_problem(tuple(values)):
         raise ItemFieldError(*problem)
     missing = [n for n in natural if values.get(n) is None]
@@ -151,17 +133,13 @@ def item_row(item, spider_name: str) -> ItemRow:
     return ItemRow(table, values, types, natural, tuple(nan_fields))
 
 
-_NESTED = (list, tuple, dict)
-
-
 @lru_cache(maxsize=256)
 def _table_problem(table: str) -> str | None:
     if not reserved_table(table):
         return None
     return (
-        f"table {table!r} is reserved for the catalog (its own tables, names starting "
-        "with _ or sqlite_, ending with _by_key): name another with the class's "
-        "catalog_table"
+        f"table {table!r} is reserved for the catalog ({RESERVED_RULE}): name another "
+        "with the class's catalog_table"
     )
 
 

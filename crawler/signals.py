@@ -1,19 +1,38 @@
 """Signals of the project (send them with ``crawler.signals.send_catch_log``)."""
 
+from scrapy.http.request import NO_CALLBACK
+
 from crawler.storage.actionlog import NOT_FINAL
 
+# Request meta key: False for a request that is no URL of the crawl's list although a
+# start request (a stored page parsed again from the archive at the start).
+LISTED_META = "catalog_listed"
+
 # An attempt to record in the action log. Arguments: url, key, outcome, and any of
-# attempt, status, error, elapsed_ms, bytes, depth.
+# attempt, status, error, elapsed_ms, bytes, listed.
 action = object()
 
 
+def listed(request) -> bool:
+    """Whether ``request`` is a URL of the crawl's list, whose final outcome is that URL
+    done (``progress/list_done``): not a request a callback yielded (it has a depth),
+    nor a media pipeline's download (no callback), nor a stored page parsed again."""
+    meta = request.meta
+    return (
+        meta.get("depth", 0) == 0
+        and request.callback is not NO_CALLBACK
+        and meta.get(LISTED_META, True)
+    )
+
+
 def attempt_fields(request) -> dict:
-    """What the action log says of one attempt of ``request`` (url and key as listed)."""
+    """What the action log says of one attempt of ``request`` (url and key as listed),
+    and whether it is a URL of the list (``listed``, counted, not logged)."""
     meta = request.meta
     fields = {
         "url": meta.get("catalog_url", request.url),
         "key": meta.get("catalog_key"),
-        "depth": meta.get("depth", 0),
+        "listed": listed(request),
         # Back-off retries (middlewares/retry.py) are attempts too, beside retry_times.
         "attempt": meta.get("retry_times", 0) + meta.get("backoff_times", 0) + 1,
     }

@@ -18,9 +18,10 @@ the feed of a resumed crawl holds the items of every page.
 
 from __future__ import annotations
 
+import os
 from enum import Enum
 
-from crawler.storage.records import Row
+from crawler.storage.records import Fetch, Row
 
 
 class Decision(Enum):
@@ -38,12 +39,18 @@ class ArchivePolicy:
     (``CATALOG_STORE_STATUSES``) are stored."""
 
     def __init__(
-        self, store_statuses: frozenset[int], parse_stored: bool = False, feeds: bool = False
+        self,
+        store_statuses: frozenset[int],
+        parse_stored: bool = False,
+        feeds: bool = False,
+        dedup: bool = True,
     ):
         self.store_statuses = store_statuses
         # Stored pages without this spider's items are parsed (with a feed: all of them).
         self.parse_stored = parse_stored
         self.parse_all = parse_stored and feeds
+        # ARCHIVE_DEDUP: a refetched payload equal to its key's stored one is a revisit.
+        self.dedup = dedup
         self.revalidate = False
 
     @classmethod
@@ -52,7 +59,8 @@ class ArchivePolicy:
         parse_stored = settings.getbool("CATALOG_ITEMS_ENABLED") and settings.getbool(
             "CATALOG_ITEMS_PARSE_STORED", True
         )
-        return cls(store_statuses, parse_stored, bool(settings.getdict("FEEDS")))
+        dedup = (settings.get("ARCHIVE_DEDUP") or "url").lower() != "off"
+        return cls(store_statuses, parse_stored, bool(settings.getdict("FEEDS")), dedup)
 
     def spider_opened(self, spider) -> None:
         self.revalidate = bool(getattr(spider, "revalidate", False))
@@ -82,6 +90,25 @@ class ArchivePolicy:
         if row.last_modified:
             headers["If-Modified-Since"] = row.last_modified
         return headers
+
+    def revisit_of(self, fetch: Fetch, stored: Row | None) -> Row | None:
+        """``stored`` (the row of ``fetch``'s key the request met) when ``fetch`` may
+        bring the very payload its record holds, else None: the writer compares the
+        digests, with the one it computes for the record anyway, and keeps an equal
+        payload as a revisit of it. A row of another data directory (CATALOG_SEEN: its
+        ``archive`` is absolute) is never referred to: this one's archive would not
+        hold it."""
+        if (
+            stored is None
+            or not self.dedup
+            or stored.status != fetch.status
+            or stored.rendered
+            or fetch.rendered_body is not None
+            or not stored.payload_digest
+            or os.path.isabs(stored.archive)
+        ):
+            return None
+        return stored
 
     def should_store(self, status: int) -> bool:
         """Whether an answer is final and gets a row (others are logged as errors)."""

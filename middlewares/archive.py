@@ -6,7 +6,7 @@ its way out and its final answer once on the way back. Like Scrapy's
 ``HttpCacheMiddleware`` it only wires: what becomes of a stored request (skipped,
 replayed, revalidated) and which answers are stored is the policy's word
 (``extensions/archive_policy.py``); looking up, replaying, storing and logging are
-the storage extension's (``extensions/storage.py``).
+the storage extension's parts (``extensions/storage/``).
 
 - On the way out, a request whose key is stored is decided by the policy; a request
   for a key this run is still fetching or storing waits for its row first, so that a
@@ -43,6 +43,11 @@ class ArchiveMiddleware:
     def __init__(self, storage: StorageExtension):
         self.storage = storage
         self.policy = storage.policy
+        self.session = storage.session
+        self.actions = storage.actions
+        self.stored = storage.stored
+        self.waits = storage.waits
+        self.archiver = storage.archiver
 
     @classmethod
     def from_crawler(cls, crawler) -> ArchiveMiddleware:
@@ -55,8 +60,7 @@ class ArchiveMiddleware:
         raise NotConfigured("extensions.storage.StorageExtension is not in EXTENSIONS")
 
     def process_request(self, request: Request) -> Response | None:
-        storage = self.storage
-        if storage.session.catalog is None or _is_robots(request):
+        if self.session.catalog is None or _is_robots(request):
             return None
         meta = request.meta
         key = catalog_key(request)
@@ -64,32 +68,32 @@ class ArchiveMiddleware:
         # too, even if another request fetched that URL, or its key never gets a row.
         request.dont_filter = True
         if unstored(request):
-            storage.fetching(key)  # looked up in a batch, or a redirect or retry
+            self.waits.fetching(key)  # looked up in a batch, or a redirect or retry
             return None
         if meta.get("catalog_revalidating"):
             return None  # a redirect or retry of a revalidation
-        row = storage.lookup(key)
-        if row is None and storage.in_flight(key):
+        row = self.stored.lookup(key)
+        if row is None and self.waits.in_flight(key):
             return self._when_settled(request, key)
         return self._answer(request, key, row)
 
     async def _when_settled(self, request: Request, key: str) -> Response | None:
-        return self._answer(request, key, await self.storage.wait_for_row(key))
+        return self._answer(request, key, await self.waits.wait_for_row(key))
 
     def _answer(self, request: Request, key: str, row: Row | None) -> Response | None:
         meta = request.meta
-        if row is None and self.storage.seen(key):
+        if row is None and self.actions.seen(key):
             # Met again after this run gave up on it: its error line is its outcome.
-            self.storage.duplicate(request)
+            self.actions.duplicate(request)
             raise CachedRequest(f"met again: {request.url}")
         looked_up(request, row is not None)
         if row is None:
             decision = Decision.FETCH
         else:
-            parsed = key in self.storage.parsed([key])
+            parsed = key in self.stored.parsed([key])
             decision = self.policy.when_stored(meta, row, parsed)
         if decision is Decision.SKIP:
-            self.storage.cache_hit(request)
+            self.actions.cache_hit(request)
             raise CachedRequest(f"already stored: {request.url}")
         if decision is Decision.REVALIDATE:
             request.headers.update(self.policy.validators(row))
@@ -99,42 +103,41 @@ class ArchiveMiddleware:
         if decision is Decision.FETCH and row is not None:
             meta["catalog_row"] = row  # its payload may come back unchanged: a revisit
         if decision is Decision.REPLAY:
-            response = self.storage.replay(request, row)
+            response = self.archiver.replay(request, row)
             if response is not None:
-                self.storage.cache_hit(request)
+                self.actions.cache_hit(request)
                 if self.policy.wants_items(parsed):
-                    self.storage.parsing_stored()
+                    self.archiver.parsing_stored()
                 return response
-        self.storage.fetching(key)
+        self.waits.fetching(key)
         return None
 
     def process_response(self, request: Request, response: Response) -> Response:
-        storage = self.storage
-        if not storage.storing or _is_robots(request) or CACHED_FLAG in response.flags:
+        if not self.storage.storing or _is_robots(request) or CACHED_FLAG in response.flags:
             return response
         meta = request.meta
         status = response.status
         if status == 304 and meta.get("catalog_revalidating"):
             return self._not_modified(request, response)
         if not self.policy.should_store(status):
-            storage.failed(request, status=status, error=f"HTTP {status}")
+            self.archiver.failed(request, status=status, error=f"HTTP {status}")
             return response
         fetch = response_fetch(catalog_key(request), request, response)
-        storage.store(request, fetch, meta.get("catalog_row"))
+        self.archiver.store(request, fetch, meta.get("catalog_row"))
         return response
 
     def _not_modified(self, request: Request, response: Response) -> Response:
         row = request.meta.get("catalog_row")
         fetch = response_fetch(catalog_key(request), request, response)
-        if not self.storage.refresh(request, fetch, row):
+        if not self.archiver.refresh(request, fetch, row):
             return response
         if request.meta.get("catalog_replay") and row is not None:
-            return self.storage.replay(request, row) or response
+            return self.archiver.replay(request, row) or response
         return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         if (
-            self.storage.session.log is None
+            self.session.log is None
             or isinstance(exception, (CachedRequest, TakenOver, NotSent))
             or _is_robots(request)
         ):
@@ -143,5 +146,5 @@ class ArchiveMiddleware:
             error = str(exception) or "ignored"
         else:
             error = f"{type(exception).__name__}: {exception}"
-        self.storage.failed(request, error=error)
+        self.archiver.failed(request, error=error)
         return None

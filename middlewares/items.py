@@ -10,7 +10,10 @@ page's items go to the writer. A page that yields nothing sends an empty report,
 which releases its row.
 
 On start, pages whose records a killed run left without a row (indexed again by the
-recovery) are answered from the archive and parsed, so that they get their items.
+recovery) are answered from the archive and parsed, so that they get their items; so
+are the pages whose items were stored while a download of theirs failed (the media
+pipelines say so: :meth:`ItemPagesMiddleware.download_failed`), so that the download
+is tried again, as a failed page is fetched again.
 """
 
 from __future__ import annotations
@@ -21,9 +24,16 @@ from dataclasses import dataclass, field
 from scrapy import Request, signals
 from scrapy.exceptions import NotConfigured
 
+from crawler.signals import LISTED_META
 from crawler.storage.catalog import Catalog
 from crawler.storage.errors import StoreError
-from crawler.storage.items import ItemRow, PageItems, parsed_at_now, unparsed_recovered
+from crawler.storage.items import (
+    ItemRow,
+    PageItems,
+    incomplete_pages,
+    parsed_at_now,
+    unparsed_recovered,
+)
 from extensions.storage import CACHED_FLAG, StorageExtension
 
 logger = logging.getLogger(__name__)
@@ -38,6 +48,7 @@ class _Page:
     rows: list[ItemRow] = field(default_factory=list)
     outstanding: int = 0
     exhausted: bool = False
+    incomplete: bool = False  # a download of its items failed
 
 
 class ItemPagesMiddleware:
@@ -140,6 +151,13 @@ class ItemPagesMiddleware:
         page.outstanding -= 1
         self._maybe_send(page)
 
+    def download_failed(self, item) -> None:
+        """A download of ``item`` failed and got no row: its page is parsed again by the
+        next crawl, which tries it again."""
+        page = self.page_of(item)
+        if page is not None:
+            page.incomplete = True
+
     def item_left(self, item, response=None, spider=None, **kwargs) -> None:
         """An item dropped, or failed, in the pipelines: it is not stored."""
         self.item_stored(item, None)
@@ -147,13 +165,28 @@ class ItemPagesMiddleware:
     def log_item_error(self, page: _Page, message: str) -> None:
         """An ``item_error`` line in the action log, for an item of ``page``."""
         if self.storage is not None:
-            self.storage.item_error(page.url, page.key, message)
+            self.storage.actions.item_error(page.url, page.key, message)
 
     def _maybe_send(self, page: _Page) -> None:
         if not page.exhausted or page.outstanding:
             return
         parsed_at = parsed_at_now()
-        items = PageItems(page.key, self.spider_name, page.rows, parsed_at, page.replace, page.log)
+        items = PageItems(
+            page.key,
+            self.spider_name,
+            page.rows,
+            parsed_at,
+            page.replace,
+            page.log,
+            page.incomplete,
+        )
+        if page.incomplete:
+            self.stats.inc_value("items/pages_incomplete")
+            logger.warning(
+                "A download of the items of %s failed: the next crawl parses the page "
+                "again from the archive and tries it again",
+                page.url,
+            )
         try:
             self.session.page_items(items)
         except StoreError as exc:
@@ -173,24 +206,27 @@ class ItemPagesMiddleware:
 
     def _unparsed(self) -> list[Request]:
         # Every recovered page not parsed yet, this run's and those a run killed before
-        # it parsed them left.
+        # it parsed them left; then those whose downloads are to be tried again.
         if self.session is None:
             return []
         with Catalog(self.session.datadir.catalog_path, readonly=True) as catalog:
             todo = unparsed_recovered(catalog.conn, self.spider_name)
+            incomplete = incomplete_pages(catalog.conn, self.spider_name)
         if todo:
             logger.warning("Parsing %d pages a killed run stored without their items", len(todo))
             self.stats.set_value("items/recovered_pages", len(todo))
-        return [
-            Request(
-                url,
-                dont_filter=True,
-                meta={
-                    "catalog_replay": True,
-                    "catalog_recovered": True,
-                    "catalog_key": key,
-                    "catalog_url": url,
-                },
+        if incomplete:
+            logger.warning(
+                "Parsing %d stored pages again: downloads of their items failed before",
+                len(incomplete),
             )
-            for key, url in todo
-        ]
+            self.stats.set_value("items/incomplete_pages", len(incomplete))
+        recovered = [_replay(key, url, catalog_recovered=True) for key, url in todo]
+        return recovered + [_replay(key, url) for key, url in incomplete]
+
+
+def _replay(key: str, url: str, **meta) -> Request:
+    """A request for a stored page, answered from the archive to be parsed: no URL of
+    the crawl's list (its own request, if listed, is one)."""
+    meta = {"catalog_replay": True, "catalog_key": key, "catalog_url": url, **meta}
+    return Request(url, dont_filter=True, meta={LISTED_META: False, **meta})

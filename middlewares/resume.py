@@ -53,10 +53,10 @@ class ResumeSpiderMiddleware:
                 batch.append(item)
                 if len(batch) < BATCH:
                     continue
-            for request in archive.filter_start(batch):
+            for request in archive.stored.filter_start(batch):
                 yield request
             batch = []
             if not isinstance(item, Request):
                 yield item
-        for request in archive.filter_start(batch):
+        for request in archive.stored.filter_start(batch):
             yield request

@@ -9,7 +9,9 @@ download's catalog key and extension (``<key>.pdf``), which ``scrapy catalog`` t
 ``DataDir.read`` resolve. Whether a file is downloaded already is the catalog's answer
 (:class:`ArchiveMedia`, shared with ``pipelines/archive_images.py``): a stored key is
 ``uptodate`` until ``FILES_EXPIRES`` days after its fetch; then it is revalidated
-(fetched again, or refreshed by a 304).
+(fetched again, or refreshed by a 304). A download that failed without a row (a
+dropped connection, a 5xx after retries) leaves its item's page to be parsed again by
+the next crawl, which tries it again (``middlewares/items.py``).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from scrapy.pipelines.files import FilesPipeline
+from scrapy.utils.misc import arg_to_iter
 from twisted.internet.threads import deferToThread
 
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from extensions.storage import StorageExtension, catalog_key
+from middlewares.items import ItemPagesMiddleware
 
 logger = logging.getLogger(__name__)
 SCHEME = "archive"
@@ -133,6 +137,33 @@ class ArchiveMedia:
             "checksum": stat["checksum"],
             "status": "uptodate",
         }
+
+    def item_completed(self, results, item, info):
+        if self.archived and not all(ok for ok, _ in results):
+            self._note_failures(results, item, info)
+        return super().item_completed(results, item, info)
+
+    def _note_failures(self, results, item, info) -> None:
+        """A download that failed without a row (not a final answer such as a 404,
+        which is stored) leaves the item's page to be parsed again by the next crawl."""
+        # The results come in the order of the item's media requests.
+        requests = arg_to_iter(self.get_media_requests(item, info))
+        failed = [r for r, (ok, _) in zip(requests, results, strict=False) if not ok]
+        storage = self.storage
+        lost = [
+            r
+            for r in failed
+            if not storage.waits.in_flight(key := catalog_key(r))
+            and storage.stored.lookup(key) is None
+        ]
+        if not lost:
+            return
+        try:
+            pages = self.crawler.get_spider_middleware(ItemPagesMiddleware)
+        except RuntimeError:
+            pages = None
+        if pages is not None:
+            pages.download_failed(item)
 
     def _stat_failed(self, failure, request) -> None:
         logger.error(

@@ -58,7 +58,7 @@ class ArchiveImagesPipeline(ArchiveMedia, ImagesPipeline):
         image_url = request.meta.get("catalog_url", request.url)
         for thumb_id, (_path, _image, buf) in zip(self.thumbs, images, strict=True):
             url = thumb_url(key, thumb_id)
-            self.storage.store_made(
+            self.storage.archiver.store_made(
                 Fetch(
                     key=thumb_key(key, thumb_id),
                     url=url,

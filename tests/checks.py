@@ -27,11 +27,14 @@ def rows_by_url(data_dir: Path) -> dict[str, Row]:
     return {row.url: row for row in catalog_rows(data_dir).values()}
 
 
-def assert_rows_readable(data_dir: Path, site=None) -> dict[str, Row]:
+def assert_rows_readable(
+    data_dir: Path, site=None, rows: dict[str, Row] | None = None
+) -> dict[str, Row]:
     """Every row's record is readable, its body has the row's size and digest, and
-    (given the site) equals what the server meant to send."""
+    (given the site) equals what the server meant to send. ``rows``: those of another
+    catalog than the data directory's (a rebuilt one)."""
     datadir = DataDir(data_dir)
-    rows = catalog_rows(data_dir)
+    rows = catalog_rows(data_dir) if rows is None else rows
     for row in rows.values():
         stored = datadir.read(row)
         assert len(stored.body) == row.bytes, row

@@ -4,7 +4,8 @@
 ``/img/N.png`` (even N, RGBA PNG) and ``/img/N.jpg`` (odd N, JPEG), and listing
 pages ``/list/I.html`` linking documents ``I*DOCS_PER_PAGE...`` and images
 ``I*IMAGES_PER_PAGE...`` (a query is ignored, so that a second crawl lists them on
-pages of other keys). It counts the requests per path. :class:`MediaSpider` yields one
+pages of other keys). It counts the requests per path, and drops the connection
+mid-body of the paths in ``broken``. :class:`MediaSpider` yields one
 item per listing page with their ``file_urls`` and ``image_urls``; crawls started as
 subprocesses find it with ``-s SPIDER_MODULES=spiders,tests.media_site``.
 """
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import io
 import re
+import socket
 import sys
 import threading
 import time
@@ -106,6 +108,8 @@ class MediaSite:
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
+        # Paths whose connection drops mid-body (headers and half the body sent).
+        self.broken: set[str] = set()
         self.counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -147,6 +151,12 @@ class MediaSite:
         handler.send_header("Content-Type", TYPES[path.rsplit(".", 1)[1]])
         handler.send_header("Content-Length", str(len(body)))
         handler.end_headers()
+        if path in self.broken:
+            handler.wfile.write(body[: len(body) // 2])
+            handler.wfile.flush()
+            handler.close_connection = True
+            handler.connection.shutdown(socket.SHUT_RDWR)
+            return
         handler.wfile.write(body)
 
     def start(self) -> str:

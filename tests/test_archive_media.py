@@ -13,9 +13,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
+import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -38,6 +40,7 @@ from tests.media_site import (
     MediaSpider,
     image_path,
 )
+from tests.polling import wait_until
 from tests.thirdparty import catalog_rows, record_problem
 
 PAGES = 10
@@ -155,7 +158,10 @@ async def test_documents_and_images_are_records_and_rows_and_a_second_crawl_fetc
         (thumbs,) = db.execute(
             "SELECT count(*) FROM artifacts WHERE url LIKE 'http://thumbs.invalid/%'"
         ).fetchone()
+        # The page log (what `reparse --follow` parses) holds pages, not downloads.
+        (logged,) = db.execute("SELECT count(*) FROM _page_log").fetchone()
     assert thumbs == IMAGES * len(THUMBS)
+    assert logged == PAGES
     assert media_site.media_requests() == DOCS + IMAGES
 
     again = await media_crawl(media_site, data_dir, tmp_path, 2)
@@ -191,6 +197,92 @@ async def test_expired_downloads_are_fetched_again(media_site, data_dir, tmp_pat
     again = await media_crawl(media_site, data_dir, tmp_path, 2, **expired)
     assert media_site.media_requests() == 2 * (DOCS + IMAGES)
     assert_entries_resolve(media_site, data_dir, again, "downloaded")
+
+
+@deferred_f_from_coro_f
+async def test_listed_urls_done_count_the_listed_pages_not_their_downloads(
+    media_site, data_dir, tmp_path
+):
+    urls = write_urls(tmp_path / "urls.txt", listing_urls(media_site, 1, range(3)))
+    crawler = await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert crawler.stats.get_value("progress/list_done") == 3
+    assert crawler.stats.get_value("actions/ok") == 3 * (1 + DOCS_PER_PAGE + IMAGES_PER_PAGE)
+    # Stored now: the same list again is three cache hits, its downloads untouched.
+    crawler = await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert crawler.stats.get_value("progress/list_done") == 3
+
+
+def listed_incomplete(data_dir: Path) -> list[str]:
+    """The pages listed to be parsed again for a failed download, read with sqlite3."""
+    with contextlib.closing(catalog(data_dir)) as db:
+        return [
+            url
+            for (url,) in db.execute(
+                "SELECT a.url FROM _incomplete_pages i JOIN artifacts a ON a.key = i._key"
+            )
+        ]
+
+
+@deferred_f_from_coro_f
+async def test_a_failed_download_is_tried_again_by_the_next_run(media_site, data_dir, tmp_path):
+    broken = image_path(3)  # on listing page 0
+    media_site.broken.add(broken)
+    items = await media_crawl(media_site, data_dir, tmp_path, 1, range(2))
+    assert media_site.counts[broken] == 3  # tried, retried twice: no row
+    (page0,) = [i for i in items if "/list/0.html" in i["page"]]
+    first = [e["url"] for e in page0["images"]]
+    assert len(first) == IMAGES_PER_PAGE - 1 and not any(u.endswith(broken) for u in first)
+    assert listed_incomplete(data_dir) == [page0["page"]]
+
+    # The next run of the same list: the page is stored, its download is not.
+    media_site.broken.clear()
+    requests = media_site.media_requests()
+    urls = write_urls(tmp_path / "again.txt", listing_urls(media_site, 1, range(2)))
+    await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert media_site.counts[broken] == 4
+    assert media_site.media_requests() == requests + 1  # that one alone
+    with contextlib.closing(catalog(data_dir)) as db:
+        stored = dict(db.execute("SELECT page, images FROM media"))
+    assert len(stored) == 2
+    images = [json.loads(v) for v in stored.values()]
+    assert sorted(len(i) for i in images) == [IMAGES_PER_PAGE, IMAGES_PER_PAGE]
+    body = stored_body(data_dir, "url = ?", (media_site.base_url + broken,))
+    assert body == media_site.payload(broken)
+    assert listed_incomplete(data_dir) == []  # complete now
+
+    # Complete now: a third run downloads nothing.
+    await crawl(MediaSpider, data_dir, {}, urls=str(urls))
+    assert media_site.media_requests() == requests + 1
+
+
+@deferred_f_from_coro_f
+async def test_an_expiry_of_two_days_keeps_downloads_two_days(
+    media_site, data_dir, tmp_path, monkeypatch
+):
+    """FILES_EXPIRES and IMAGES_EXPIRES count days: a day later the downloads are
+    uptodate, three days later they are fetched again (the pipelines' clock moved)."""
+    import pipelines.archive_files as archive_files
+
+    class Clock:
+        ahead = 0.0
+
+        @classmethod
+        def time(cls) -> float:
+            return time.time() + cls.ahead
+
+    monkeypatch.setattr(archive_files, "time", Clock)
+    expiry = {"FILES_EXPIRES": 2, "IMAGES_EXPIRES": 2}
+    first = await media_crawl(media_site, data_dir, tmp_path, 1, range(1), **expiry)
+    assert {e["status"] for e in first[0]["files"] + first[0]["images"]} == {"downloaded"}
+    requests = media_site.media_requests()
+    Clock.ahead = 86400.0
+    again = await media_crawl(media_site, data_dir, tmp_path, 2, range(1), **expiry)
+    assert {e["status"] for e in again[0]["files"] + again[0]["images"]} == {"uptodate"}
+    assert media_site.media_requests() == requests
+    Clock.ahead = 3 * 86400.0
+    late = await media_crawl(media_site, data_dir, tmp_path, 3, range(1), **expiry)
+    assert {e["status"] for e in late[0]["files"] + late[0]["images"]} == {"downloaded"}
+    assert media_site.media_requests() == requests + DOCS_PER_PAGE + IMAGES_PER_PAGE
 
 
 @pytest.mark.parametrize("fmt", ["warc", "sqlite"])
@@ -304,6 +396,49 @@ def test_a_kill_loses_no_committed_download(tmp_path, data_dir, whole_tree):
         assert {url: after[url] for url in kept} == kept
         assert [u for u in kept if site.counts[urlsplit(u).path] != 1] == []
         assert_no_loose_file(data_dir)
+    finally:
+        site.stop()
+
+
+@pytest.mark.parametrize("fmt", ["warc", "zip"])
+def test_after_a_kill_only_pages_are_parsed_again_and_downloads_stay_downloads(tmp_path, fmt):
+    """A kill before any commit leaves pages, documents, images and thumbnails in the
+    open archive file; the next run's recovery indexes them all, and parses only the
+    pages (a download's record says no callback owns it). The sqlite format keeps no
+    body before its commit: tests/test_items_crash.py has it at the store's level."""
+    site = MediaSite(delay=0.01)
+    site.start()
+    data_dir = tmp_path / "data"
+    media = ("-s", "SPIDER_MODULES=spiders,tests.media_site", "-s", f"ARCHIVE_FORMAT={fmt}")
+    try:
+        url_file = write_urls(tmp_path / "urls.txt", listing_urls(site, 1))
+        # No commit before the kill: every record stays in the open file.
+        held = ("-s", "CATALOG_BATCH_SIZE=100000", "-s", "CATALOG_FLUSH_SECONDS=600")
+        with open(tmp_path / "killed.log", "w") as log:
+            proc = subprocess.Popen(
+                crawl_command(url_file, data_dir, *media, *held, spider="media"),
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=crawl_env(),
+                start_new_session=True,
+            )  # fmt: skip
+        wait_until(lambda: site.media_requests() >= 150, "downloads under way", proc=proc)
+        kill_group(proc, signal.SIGKILL)
+        assert committed_rows(data_dir) == 0
+
+        result = run_crawl(url_file, data_dir, *media, spider="media")
+        assert result.returncode == 0, result.stderr[-3000:]
+        log = result.stderr
+        # The pages parsed again from the archive are no more URLs of the list.
+        assert f"listed URLs done: {PAGES}." in log, log[-3000:]
+        assert "Spider error processing" not in log and "NotSupported" not in log, log[-3000:]
+        recovered = re.search(r"Parsing (\d+) pages a killed run stored without", log)
+        assert recovered and 0 < int(recovered.group(1)) <= PAGES, log[-3000:]
+        # One item per listing page, none of a download, each with all its downloads.
+        with contextlib.closing(catalog(data_dir)) as db:
+            items = db.execute("SELECT page, files, images FROM media").fetchall()
+        assert sorted(page for page, _, _ in items) == sorted(listing_urls(site, 1))
+        assert all(len(json.loads(files)) == DOCS_PER_PAGE for _, files, _ in items)
+        assert all(len(json.loads(images)) == IMAGES_PER_PAGE for _, _, images in items)
+        assert committed_rows(data_dir) == PAGES + DOCS + IMAGES * (1 + len(THUMBS))
     finally:
         site.stop()
 

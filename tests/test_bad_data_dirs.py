@@ -83,3 +83,58 @@ def test_every_command_meets_a_bad_data_dir_with_one_line(site, tmp_path, bad_di
             assert str(path) in errors[0], (command, errors)
     if kind == "missing":
         assert not (path / "metadata.db").exists() or (path / "archive").exists()
+
+
+@pytest.fixture
+def read_only_copy(site, tmp_path, request):
+    """A crawled data directory (with an item table), copied as a user copies one (its
+    catalog without -wal or -shm) onto a mount that is read-only for everyone."""
+    import shutil
+
+    from tests.conftest import run_crawl
+    from tests.servers import need
+
+    crawled = tmp_path / "crawled"
+    urls = write_urls(tmp_path / "urls.txt", [f"{site.base_url}/page/{n}.html" for n in range(5)])
+    done = run_crawl(urls, crawled, "-a", "summaries=1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    source, mount = tmp_path / "source", tmp_path / "mnt"
+    shutil.copytree(crawled, source / "data", ignore=shutil.ignore_patterns("*-wal", "*-shm"))
+    mount.mkdir()
+    for args in (["--bind", str(source), str(mount)], ["-o", "remount,bind,ro", str(mount)]):
+        mounted = subprocess.run(["mount", *args], capture_output=True, text=True)
+        if mounted.returncode != 0:
+            subprocess.run(["umount", str(mount)], capture_output=True)
+            need(f"a read-only bind mount (mount as root): {mounted.stderr.strip()}")
+    request.addfinalizer(lambda: subprocess.run(["umount", str(mount)], check=True))
+    return mount / "data"
+
+
+def test_a_read_only_data_directory_is_read_by_every_reading_command(
+    site, tmp_path, read_only_copy
+):
+    data = ("-s", f"DATA_DIR={read_only_copy}")
+    out = tmp_path / "out"
+    page = f"{site.base_url}/page/3.html"
+    for command, said in (
+        (("catalog", "stats"), "page_summary"),
+        (("catalog", "verify"), "checked 5 rows: 0 unreadable"),
+        (("catalog", "export", "-o", f"{out}.parquet"), "exported 5 rows"),
+        (("catalog", "export", "--table", "page_summary", "-o", f"{out}.csv", "--format", "csv"),
+         "exported 5 rows"),
+        (("catalog", "wacz", f"{out}.wacz"), "wrote"),
+        (("catalog", "report", "-o", f"{out}.html"), "wrote"),
+        (("catalog", "rebuild", "-o", f"{out}.db"), "5 rows"),
+        (("reparse", "site", "-o", f"{out}.jsonl"), "output:"),
+        (("shell", page, "-c", "response.status", "-s", "ARCHIVE_SHELL=offline"), "200"),
+    ):  # fmt: skip
+        result = run_scrapy(*command, *data)
+        assert result.returncode == 0, (command, result.stdout + result.stderr[-3000:])
+        assert said in result.stdout + result.stderr, (command, result.stdout, result.stderr)
+    # Where a command would write into it by default: one line naming the place.
+    for command in (("catalog", "export"), ("catalog", "index"), ("catalog", "rebuild")):
+        result = run_scrapy(*command, *data)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("error: ") and str(read_only_copy) in line, line
+        assert "-o" in line, line

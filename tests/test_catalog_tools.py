@@ -272,3 +272,102 @@ def test_broken_samples_are_reported_with_file_and_offset(tmp_path):
         ("archive/truncated.warc.gz", "0"),
         ("archive/truncated.warc.gz", "1"),
     ]
+
+
+# -- a revisit whose original is missing or cut short --------------------------------------
+
+
+def revisited_dir(root, damage: str | None, fmt: str = "warc"):
+    """Pages 0-9 stored whole in one file, fetched again unchanged (revisits referring
+    to that file, in a second one, with pages 10-19 stored whole); then the first file
+    deleted, or cut short after its third page (``damage``). Returns the data
+    directory, the first file's name and a revisited page's URL."""
+    from crawler.storage.store import Store, StoreConfig
+    from tests.factories import listed_fetch
+
+    data_dir = root / "data"
+    store = Store(StoreConfig(data_dir, format=fmt))
+    stored = [store.put(listed_fetch(n)) for n in range(10)]
+    store.close()
+    store = Store(StoreConfig(data_dir, format=fmt))
+    for n in range(20):
+        again = listed_fetch(n, fetched_at=1_800_000_000.0 + n)
+        store.put(again, stored=stored[n] if n < 10 else None)
+    store.close()
+    original = data_dir / stored[0].archive
+    if damage == "missing":
+        original.unlink()
+    elif damage == "cut":
+        with open(original, "r+b") as f:
+            f.truncate(stored[3].offset + stored[3].length // 2)
+    return data_dir, stored[0].archive, stored[5].url
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut"])
+def test_tools_over_a_revisits_missing_original_name_it_and_fail(tmp_path, damage):
+    data_dir, original, url = revisited_dir(tmp_path, damage)
+    where = ("-s", f"DATA_DIR={data_dir}")
+
+    wacz = run_scrapy("catalog", "wacz", str(tmp_path / "out.wacz"), *where)
+    assert wacz.returncode == 1 and original in wacz.stderr, wacz.stdout + wacz.stderr
+    assert "Traceback" not in wacz.stderr and not (tmp_path / "out.wacz").exists()
+
+    rebuilt = tmp_path / "rebuilt.db"
+    rebuild = run_scrapy("catalog", "rebuild", "-o", str(rebuilt), *where)
+    assert rebuild.returncode == 1 and original in rebuild.stderr, rebuild.stderr
+    # No row of the rebuilt catalog points at a record that is not there.
+    assert_rows_readable(data_dir, rows=catalog_rows_of(rebuilt))
+
+    shell = run_scrapy("shell", url, "-c", "response.status", "-s", "ARCHIVE_SHELL=offline", *where)
+    assert shell.returncode == 1 and "Traceback" not in shell.stderr, shell.stderr[-2000:]
+    (line,) = shell.stderr.strip().splitlines()
+    assert line.startswith("error: ") and original in line, line
+
+    # verify --fix drops the rows it cannot read (and cuts a partial tail off): once.
+    before = run_scrapy("catalog", "verify", *where)
+    assert before.returncode == 1 and original in before.stdout, before.stdout
+    fixed = run_scrapy("catalog", "verify", "--fix", "--yes", *where)
+    assert fixed.returncode == 0 and "fixed:" in fixed.stdout, fixed.stdout + fixed.stderr
+    after = run_scrapy("catalog", "verify", *where)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert run_scrapy("catalog", "verify", "--fix", "--yes", *where).returncode == 0
+    assert_rows_readable(data_dir)
+    assert run_scrapy("catalog", "wacz", str(tmp_path / "out.wacz"), *where).returncode == 0
+
+
+def catalog_rows_of(path) -> dict:
+    with Catalog(path, readonly=True) as catalog:
+        return {row.key: row for row in catalog.rows()}
+
+
+@pytest.mark.parametrize("fmt", ["warc", "zip", "sqlite"])
+def test_a_wacz_of_revisits_refers_to_the_records_it_holds(tmp_path, fmt):
+    """Each revisit in a WACZ names the response it stands for by URI and date
+    (WARC-Refers-To-Target-URI, WARC-Refers-To-Date), as replay tools look it up: read
+    with warcio, every such pair is a response record of the package."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    data_dir, _, _ = revisited_dir(tmp_path, None, fmt)
+    out = tmp_path / "out.wacz"
+    made = run_scrapy("catalog", "wacz", str(out), "-s", f"DATA_DIR={data_dir}")
+    assert made.returncode == 0, made.stderr
+    responses, revisits = set(), []
+    with zipfile.ZipFile(out) as zf:
+        for name in zf.namelist():
+            if not name.startswith("archive/"):
+                continue
+            with zf.open(name) as f:
+                for record in ArchiveIterator(f):
+                    headers = record.rec_headers
+                    uri, date = headers["WARC-Target-URI"], headers["WARC-Date"]
+                    if record.rec_type == "response":
+                        responses.add((uri, date))
+                    elif record.rec_type == "revisit":
+                        refers = (
+                            headers["WARC-Refers-To-Target-URI"],
+                            headers["WARC-Refers-To-Date"],
+                        )
+                        revisits.append((uri, date, refers))
+    assert len(revisits) == 10 and len(responses) == 20, (len(revisits), len(responses))
+    for uri, date, refers in revisits:
+        assert refers in responses and refers[1] != date, (uri, date, refers)

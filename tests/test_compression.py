@@ -79,7 +79,7 @@ async def test_a_bad_compressor_or_level_is_refused_before_anything_is_stored(
 ):
     site.reset_counts()
     name = list(setting)[-1]
-    with pytest.raises(UsageError, match=f"{name} must be"):
+    with pytest.raises(UsageError, match=f"{name}(=.*)?: give|{name} is 0-3"):
         await crawl(OnePage, data_dir, setting, url=f"{site.base_url}/page/174.html")
     assert not data_dir.exists()
     assert site.counts["/page/174.html"] == 0
@@ -90,4 +90,4 @@ def test_a_bad_compressor_is_a_one_line_usage_error(site, tmp_path, data_dir):
     result = run_crawl(urls, data_dir, "-s", "ARCHIVE_COMPRESSOR=lzma")
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "ARCHIVE_COMPRESSOR must be one of ['isal', 'zlib'], not 'lzma'" in result.stderr
+    assert "ARCHIVE_COMPRESSOR='lzma': give one of isal, zlib" in result.stderr

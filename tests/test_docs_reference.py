@@ -292,14 +292,15 @@ def test_every_argument_of_the_site_spider_is_documented():
 
 
 def test_every_table_of_a_catalog_is_documented(tmp_path):
-    from crawler.storage import items
+    from crawler.storage import bookmarks, items
     from crawler.storage.catalog import Catalog
 
     with Catalog(tmp_path / "metadata.db") as catalog:
-        # Every table the storage core's item module can create, as well as the catalog's.
-        for name, sql in vars(items).items():
-            if name.endswith("_SQL") and "CREATE TABLE" in sql:
-                catalog.conn.execute(sql)
+        # Every table the storage core's item modules can create, as well as the catalog's.
+        for module in (items, bookmarks):
+            for name, sql in vars(module).items():
+                if name.endswith("_SQL") and "CREATE TABLE" in sql:
+                    catalog.conn.execute(sql)
         names = [
             name
             for (name,) in catalog.conn.execute(

@@ -232,3 +232,29 @@ def test_a_stretch_shorter_than_the_expiry_margin_is_used(rig):
     gates.done("e.test", went[0])
     clock.advance(0.06)
     assert len(went) == 2
+
+
+def test_a_back_off_holds_the_host_here_and_in_the_hub_until_it_ends(rig):
+    """A host that said to wait (a 429's Retry-After): no request of it goes before the
+    back-off ends, neither through the slot this process held nor through a new one; the
+    hub keeps the back-off for every process; the hub is asked again once it ends."""
+    gates, calls, clock, runner = rig
+    went: list[Any] = []
+
+    def wait() -> None:
+        gates.wait("busy.test", "http://busy.test/", 0.0, 2, went.append)
+
+    wait()
+    assert len(went) == 1
+    gates.back_off("busy.test", 5.0, "HTTP 429, Retry-After: 5")
+    gates.done("busy.test", went[0])
+    wait()
+    wait()
+    asked = len(calls.made)
+    for _ in range(49):  # to 4.9 s: nothing goes, nothing is asked for
+        clock.advance(0.1)
+    assert len(went) == 1 and len(calls.made) == asked, calls.made
+    (state,) = [s for s in calls.store.hosts() if s.key == "busy.test"]
+    assert state.backoff_reason == "HTTP 429, Retry-After: 5"
+    clock.advance(0.2 + GateConfig().linger_seconds)
+    assert calls.made[asked:] and calls.made[-1][2] == 1, calls.made  # asked again

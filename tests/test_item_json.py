@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from crawler.storage.items import json_text
+from crawler.storage.itemvalues import json_text
 
 VALUES = [
     [],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from datetime import datetime
@@ -209,3 +210,41 @@ def test_a_batch_of_pages_is_written_as_one_page_after_the_other(tmp_path):
     pages = conn.execute("SELECT _key, items FROM _item_pages ORDER BY _key").fetchall()
     assert pages == [("a", 2), ("b", 1), ("c", 1)]
     writer.close()
+
+
+def test_pages_to_parse_again_follow_their_rows_through_merges_and_trims(tmp_path):
+    """A page whose download failed is listed in _incomplete_pages; a merge that takes
+    its row takes the listing, a trimmed copy without its row drops it, and the page
+    parsed complete leaves the list."""
+    from crawler.storage.itemmerge import prune_items
+    from crawler.storage.items import incomplete_pages
+    from crawler.storage.store import Store, StoreConfig
+    from crawler.tools.rebuild import merge_catalogs
+    from tests.factories import page_fetch
+
+    def stored(data_dir, *incomplete: bool) -> list:
+        store = Store(StoreConfig(data_dir, items=True))
+        fetches = [page_fetch(n) for n in range(len(incomplete))]
+        for fetch, flag in zip(fetches, incomplete, strict=True):
+            store.put(fetch)
+            rows = [ItemRow("thing", {"n": 1})]
+            store.page_items(PageItems(fetch.key, "s", rows, "t", incomplete=flag))
+        store.close()
+        return fetches
+
+    a = tmp_path / "a"
+    fetches = stored(a, True, False)
+    out = tmp_path / "merged"
+    out.mkdir()
+    merge_catalogs([a / "metadata.db"], out / "metadata.db")
+    with contextlib.closing(sqlite3.connect(out / "metadata.db", isolation_level=None)) as conn:
+        assert [key for key, _ in incomplete_pages(conn, "s")] == [fetches[0].key]
+        conn.execute("DELETE FROM artifacts WHERE key = ?", (fetches[0].key,))
+        prune_items(conn)
+        assert incomplete_pages(conn, "s") == []
+    # Parsed again, complete: off the list.
+    writer = ItemTableWriter(a / "metadata.db")
+    writer.write([PageItems(fetches[0].key, "s", [ItemRow("thing", {"n": 2})], "u", True)])
+    writer.close()
+    with contextlib.closing(sqlite3.connect(a / "metadata.db")) as conn:
+        assert incomplete_pages(conn, "s") == []

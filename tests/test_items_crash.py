@@ -203,3 +203,21 @@ def test_pages_a_recovery_indexed_stay_to_parse_when_the_run_that_indexed_them_i
     store.page_items(parsed(fetches[1], replace=True))  # answered from the archive
     store.close()
     assert unparsed() == {fetches[2].key}
+
+
+@pytest.mark.parametrize("fmt", ["warc", "zip", "sqlite"])
+def test_a_recovery_lists_pages_to_parse_and_indexes_downloads_as_downloads(tmp_path, fmt):
+    data_dir = tmp_path / "data"
+    page, download, made = page_fetch(0), page_fetch(1), page_fetch(2)
+    download.parsed = made.parsed = False  # a media pipeline's download, a thumbnail
+    store = Store(StoreConfig(data_dir, items=True, format=fmt, batch_size=100))
+    for fetch in (page, download, made):
+        store.put(fetch)
+    # Killed with the records on disk (the sqlite format's bodies are in its file once
+    # flushed) and no row committed.
+    store.archive.flush()
+    store.abandon()
+    assert recover(DataDir(data_dir), items=True).indexed_rows == 3
+    with contextlib.closing(sqlite3.connect(data_dir / "metadata.db")) as conn:
+        assert {key for key, _ in unparsed_recovered(conn, "items")} == {page.key}
+        assert conn.execute("SELECT count(*) FROM artifacts").fetchone()[0] == 3

@@ -86,10 +86,10 @@ def test_command_end_to_end(tmp_path):
 
 def test_command_errors_are_clear(tmp_path):
     bad = scrapy("add", "ftp://u:hunter2@127.0.0.1:1", hub=f"sqlite:///{tmp_path}/hub.db")
-    assert bad.returncode == 1 and "use http:// or https://" in bad.stderr
+    assert bad.returncode == 2 and "use http:// or https://" in bad.stderr
     assert "hunter2" not in bad.stdout + bad.stderr
     nohub = scrapy("list")
-    assert nohub.returncode == 1 and "set HUB_URL" in nohub.stderr
+    assert nohub.returncode == 2 and "set HUB_URL" in nohub.stderr
     down = scrapy("list", hub="postgresql://u:hunter2@127.0.0.1:1/x")
     assert down.returncode == 1 and "cannot reach the hub" in down.stderr
     assert "hunter2" not in down.stdout + down.stderr

@@ -53,8 +53,10 @@ def write_data_dir(data_dir: Path) -> None:
     with Catalog(data_dir / "metadata.db") as catalog:
         quoted = '"' + TABLE.replace('"', '""') + '"'
         with catalog.transaction():
-            catalog.conn.execute(f"CREATE TABLE {quoted} (_key TEXT, name TEXT)")
-            catalog.conn.execute(f"INSERT INTO {quoted} VALUES ('k', 'x')")
+            # An item table as a crawl makes it: the item columns, then the fields.
+            columns = "_key TEXT, _seq INTEGER, _spider TEXT, _parsed_at TEXT, name TEXT"
+            catalog.conn.execute(f"CREATE TABLE {quoted} ({columns})")
+            catalog.conn.execute(f"INSERT INTO {quoted} VALUES ('k', 0, 's', 't', 'x')")
     log = ActionLog(data_dir / "fetch_log.jsonl")
     url = f"http://{HOST}/{MARK}path?q={MARK}"
     log.write(url, "k1", "error", error=f"{ERROR}: refused", proxy=LOG_PROXY, ts=1_700_000_000)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -305,6 +306,27 @@ async def test_dedup_digest_refers_to_the_same_payload_under_another_url(shop, d
         revisits = [r for r in archive_records(data_dir) if r["type"] == "revisit"]
         assert {r["WARC-Target-URI"] for r in revisits} == set(chunked)
         assert {r["WARC-Refers-To-Target-URI"] for r in revisits} == set(pages)
+
+
+@deferred_f_from_coro_f
+async def test_the_end_of_a_run_counts_revisits_by_digest_as_its_outcomes_do(
+    shop, data_dir, caplog
+):
+    # A first fetch of a payload stored under another URL: an `ok` line (new to its
+    # key, not unchanged), stored as a revisit of the other URL's record.
+    caplog.set_level(logging.INFO)
+    pages = [f"{shop.base_url}/page/{n}.html" for n in range(10)]
+    chunked = [f"{shop.base_url}/chunked/{n}" for n in range(10)]
+    await crawl_site(pages + chunked, data_dir, {"ARCHIVE_DEDUP": "digest"})
+    outcomes = re.search(r"Outcomes of this run: (\d+) ok, .* (\d+) unchanged", caplog.text)
+    stored = re.search(r"This run stored (\d+) responses \(", caplog.text)
+    assert outcomes and stored, caplog.text[-3000:]
+    ok, unchanged = map(int, outcomes.groups())
+    said_unchanged = re.search(r"(\d+) unchanged as revisits", caplog.text)
+    assert (ok, unchanged) == (20, 0)
+    assert int(stored.group(1)) == ok
+    assert (int(said_unchanged.group(1)) if said_unchanged else 0) == unchanged
+    assert "10 of them as revisits of the same payload under another URL" in caplog.text
 
 
 @deferred_f_from_coro_f

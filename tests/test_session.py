@@ -78,10 +78,10 @@ def test_a_row_whose_record_is_unreadable_is_not_stored(data_dir):
 @pytest.mark.parametrize(
     ("setting", "value", "message"),
     [
-        ("CATALOG_BATCH_SIZE", 0, "CATALOG_BATCH_SIZE must be at least 1"),
-        ("ARCHIVE_COMPRESSOR", "lz4", "ARCHIVE_COMPRESSOR must be one of"),
-        ("ARCHIVE_GZIP_LEVEL", 4, "ARCHIVE_GZIP_LEVEL must be 0-3 with ARCHIVE_COMPRESSOR=isal"),
-        ("ARCHIVE_FORMAT", "tar", "ARCHIVE_FORMAT must be warc, zip or sqlite, not 'tar'"),
+        ("CATALOG_BATCH_SIZE", 0, "CATALOG_BATCH_SIZE=0: give an integer of at least 1"),
+        ("ARCHIVE_COMPRESSOR", "lz4", "ARCHIVE_COMPRESSOR='lz4': give one of isal, zlib"),
+        ("ARCHIVE_GZIP_LEVEL", 4, "ARCHIVE_GZIP_LEVEL is 0-3 with ARCHIVE_COMPRESSOR=isal"),
+        ("ARCHIVE_FORMAT", "tar", "ARCHIVE_FORMAT='tar': give one of warc, zip, sqlite"),
     ],
 )
 def test_bad_storage_settings_name_the_setting(setting, value, message):

@@ -95,7 +95,7 @@ async def test_offline_shell_says_an_unstored_url_is_not_in_the_catalog(own_site
 def test_bad_archive_shell_mode_is_a_usage_error(data_dir):
     result = run_scrapy("shell", "http://127.0.0.1:9/", "-s", "ARCHIVE_SHELL=sometimes", "-c", "1")
     assert result.returncode == 2
-    assert "ARCHIVE_SHELL must be one of archive, offline, live" in result.stderr
+    assert "ARCHIVE_SHELL='sometimes': give one of archive, offline, live" in result.stderr
 
 
 @deferred_f_from_coro_f

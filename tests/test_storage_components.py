@@ -86,7 +86,7 @@ def test_archive_middleware_drops_or_replays_what_is_stored(stored):
     assert isinstance(replayed, HtmlResponse) and CACHED_FLAG in replayed.flags
     assert replayed.body == listed_body(1)
     start = [Request(f"http://example.org/page/{n}") for n in range(2, 5)]
-    assert [r.url for r in mw.storage.filter_start(start)] == [
+    assert [r.url for r in mw.storage.stored.filter_start(start)] == [
         "http://example.org/page/3",
         "http://example.org/page/4",
     ]
@@ -313,7 +313,7 @@ def test_archive_policy_setting_plugs_another_policy(stored):
     policy = f"{__name__}.ReplayEverything"
     mw, spider = archive_middleware(stored.root, ARCHIVE_POLICY=policy)
     start = [Request(f"http://example.org/page/{n}") for n in range(2, 4)]
-    assert len(mw.storage.filter_start(start)) == 2  # nothing skipped
+    assert len(mw.storage.stored.filter_start(start)) == 2  # nothing skipped
     replayed = mw.process_request(Request("http://example.org/page/1"))
     assert replayed.body == listed_body(1) and CACHED_FLAG in replayed.flags
     mw.spider_closed(spider, "finished")

@@ -221,7 +221,7 @@ def test_queue_command_errors_are_clear(tmp_path):
     missing = scrapy_queue("status", "nope", hub=hub)
     assert missing.returncode == 1 and "load it first" in missing.stderr
     nohub = scrapy_queue("status", "q")
-    assert nohub.returncode == 1 and "set HUB_URL" in nohub.stderr
+    assert nohub.returncode == 2 and "set HUB_URL" in nohub.stderr
     nolist = scrapy_queue("load", "q", str(tmp_path / "missing.txt"), hub=hub)
     assert nolist.returncode == 1 and "cannot read the URL list" in nolist.stderr
     usage = scrapy_queue("frobnicate", hub=hub)

@@ -165,7 +165,8 @@ def test_queue_load_takes_the_partition_from_the_option_or_the_setting(tmp_path)
     assert again.returncode == 1
     assert "is split by url, not domain: load it with --partition url" in again.stderr
     bad = scrapy_with_hub("queue", "-s", "CRAWL_PARTITION=sites", "load", "x", str(urls), hub=hub)
-    assert bad.returncode == 2 and "'sites' is not a partition mode" in bad.stderr
+    assert bad.returncode == 2 and "CRAWL_PARTITION='sites'" in bad.stderr
+    assert "give one of domain, host, url" in bad.stderr
 
 
 def lease_at_once(url: str, name: str, holders: list[str]) -> dict[str, str | None]:

@@ -178,7 +178,7 @@ async def test_crawl_stores_zip_bodies(site, tmp_path, data_dir):
 
 @deferred_f_from_coro_f
 async def test_bad_archive_format_is_refused(site, data_dir):
-    with pytest.raises(UsageError, match="ARCHIVE_FORMAT must be warc, zip or sqlite"):
+    with pytest.raises(UsageError, match="ARCHIVE_FORMAT='tar': give one of warc, zip, sqlite"):
         await crawl(OnePage, data_dir, {"ARCHIVE_FORMAT": "tar"}, url=f"{site.base_url}/page/1")
 
 

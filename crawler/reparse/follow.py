@@ -42,6 +42,7 @@ from crawler.reparse.runner import (
     run_in_worker,
     worker_pool,
 )
+from crawler.storage.bookmarks import FollowBookmarks
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.items import PAGE_LOG, ItemTableWriter
@@ -164,7 +165,8 @@ class Follow:
 
     def _loop(self, writer: ItemTableWriter, parse: Parse, summary: FollowSummary) -> None:
         spider = self.config.spider
-        position = writer.follow_position(spider)
+        marks = FollowBookmarks(writer.catalog.conn)
+        position = marks.position(spider)
         logger.info("Following %s from page log position %d", self.datadir.root, position)
         idle_since = time.monotonic()
         ahead = None  # the next batch, (logged pages, results), handed to the workers
@@ -185,7 +187,8 @@ class Follow:
             ahead = (following, self._start(parse, following)) if following else None
             pages = self._collect(results, summary)
             position = logged[-1][0]
-            summary.items += writer.write(pages, (spider, position, len(logged)))
+            mark = partial(marks.save, spider, position, len(logged))
+            summary.items += writer.write(pages, then=mark)
             summary.pages += len(logged)
             summary.batches += 1
             idle_since = time.monotonic()
@@ -225,7 +228,8 @@ class Follow:
 
     def _loop_shipped(self, writer: ItemTableWriter, parse: Parse, summary: FollowSummary) -> None:
         spider = self.config.spider
-        positions = writer.shipped_positions(spider)
+        marks = FollowBookmarks(writer.catalog.conn)
+        positions = marks.shipped_positions(spider)
         # A catalog's file as last read with nothing new in it: not read again until a
         # shipment replaces it.
         done: dict[str, tuple] = {}
@@ -250,7 +254,8 @@ class Follow:
                     continue
                 rows, read, seq, gaps = got
                 pages = self._collect(parse(self._tasks(rows)), summary)
-                summary.items += writer.write(pages, shipped=(spider, name, seq, gaps, read))
+                mark = partial(marks.save_shipped, spider, name, seq, gaps, read)
+                summary.items += writer.write(pages, then=mark)
                 positions[name] = (seq, gaps)
                 summary.pages += read
                 summary.batches += 1

@@ -15,12 +15,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from crawler.storage.catalog import Catalog
+from crawler.storage.catalog import Catalog, readonly_uri
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import CatalogError
-
-# Tables of the catalog that are not item tables.
-CATALOG_TABLES = frozenset({"artifacts", "totals"})
+from crawler.storage.items import item_table_names, quote
 
 
 class ReportError(Exception):
@@ -121,13 +119,9 @@ class CatalogSummary:
 
 
 def open_readonly(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=30)
+    conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=30)
     conn.execute("PRAGMA query_only = 1")
     return conn
-
-
-def quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def read_catalog(path: Path) -> CatalogSummary:
@@ -155,22 +149,9 @@ def normalise_type(value: str | None) -> str:
 
 
 def read_item_tables(conn: sqlite3.Connection) -> dict[str, ItemTable]:
-    """Every table besides artifacts and totals that has a ``_key`` column (those
-    named ``_...`` are the item tables' bookkeeping: crawler/storage/items.py)."""
-    names = [
-        row[0]
-        for row in conn.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-            "ORDER BY name"
-        )
-    ]
+    """Every item table (crawler/storage/items.py), with its rows and pages."""
     tables = {}
-    for name in names:
-        if name in CATALOG_TABLES or name.startswith("_"):
-            continue
-        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({quote(name)})")}
-        if "_key" not in columns:
-            continue
+    for name in item_table_names(conn):
         rows, pages = conn.execute(
             f"SELECT count(*), count(DISTINCT _key) FROM {quote(name)}"
         ).fetchone()

@@ -246,6 +246,24 @@ def busy_timeout() -> float:
     return seconds
 
 
+def readonly_uri(path: str | os.PathLike) -> str:
+    """The URI that opens a SQLite database read-only, on a read-only mount too.
+
+    A reader of a WAL database needs its ``-shm`` file, or a directory it may create it
+    in: on a read-only mount (a copy of a data directory, a shipped catalog) without
+    one, ``mode=ro`` cannot open it. Such a database is opened ``immutable`` instead,
+    which reads the file alone: right when no ``-wal`` holds commits beside it (a
+    closed catalog's is empty or gone), and nobody can write it there.
+    """
+    path = Path(path)
+    uri = path.resolve().as_uri()
+    shm, wal = (path.with_name(path.name + suffix) for suffix in ("-shm", "-wal"))
+    no_wal = not wal.exists() or wal.stat().st_size == 0
+    if no_wal and not shm.exists() and not os.access(path.parent, os.W_OK):
+        return f"{uri}?immutable=1"
+    return f"{uri}?mode=ro"
+
+
 def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connection:
     """Open the catalog database with the project's pragmas."""
     path = Path(path)
@@ -253,7 +271,7 @@ def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connecti
     if readonly:
         if not path.exists():
             raise CatalogError(f"{path}: no catalog here (run a crawl first)")
-        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=wait)
+        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=wait)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=wait, isolation_level=None)
@@ -291,7 +309,7 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
 @contextmanager
 def attached(conn: sqlite3.Connection, path: str | os.PathLike) -> Iterator[None]:
     """Another catalog, read-only, as schema ``src`` of ``conn`` for the block."""
-    conn.execute("ATTACH DATABASE ? AS src", (f"file:{path}?mode=ro",))
+    conn.execute("ATTACH DATABASE ? AS src", (readonly_uri(path),))
     try:
         yield
     finally:
@@ -441,6 +459,15 @@ class Catalog:
         """The archive files (relative paths) that rows matching ``where`` name."""
         sql = f"SELECT DISTINCT archive FROM artifacts WHERE {where} ORDER BY archive"
         return [name for (name,) in self.conn.execute(sql)]
+
+    def archive_extents(self) -> list[tuple[str, int, int, int]]:
+        """``(archive, rows, end, last_offset)`` of each archive file rows name: how far
+        its rows reach into it (the largest ``offset + length``) and the largest offset."""
+        sql = (
+            'SELECT archive, count(*), max("offset" + length), max("offset") '
+            "FROM artifacts GROUP BY archive ORDER BY archive"
+        )
+        return self.conn.execute(sql).fetchall()
 
     def count_by(self, column: str) -> list[tuple]:
         """``(value, rows)`` for each value of ``column``, in order of the value."""

@@ -209,6 +209,23 @@ class DataDir:
         """Those of ``names`` (archive paths a catalog's rows hold) not in this directory."""
         return [name for name in names if not (self.root / name).exists()]
 
+    def unreadable_archives(self, extents: list[tuple[str, int, int, int]]) -> list[str]:
+        """Of the archive files a catalog's rows name (``Catalog.archive_extents``), each
+        that is missing or cut short of its rows' records, as ``"NAME (N rows: why)"``."""
+        found = []
+        for name, rows, end, last_offset in extents:
+            path = self.resolve(name)
+            if not path.exists():
+                found.append(f"{name} ({rows:,} rows: missing)")
+                continue
+            try:
+                fmt = formats.for_path(path)
+            except ValueError:
+                continue  # a file of no known format: its rows' readers say so
+            if not fmt.holds(path, end, last_offset):
+                found.append(f"{name} ({rows:,} rows: cut short of their records)")
+        return found
+
     def lock(self) -> DataDirLock:
         return DataDirLock(self.lock_path)
 

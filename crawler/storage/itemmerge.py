@@ -13,19 +13,22 @@ import sqlite3
 from pathlib import Path
 
 from crawler.storage.catalog import attached, transaction
-from crawler.storage.items import META_COLUMNS, PAGE_LOG, PAGE_LOG_SQL, PAGES_SQL, PAGES_TABLE
+from crawler.storage.items import (
+    INCOMPLETE_SQL,
+    INCOMPLETE_TABLE,
+    KEY_INDEX_SUFFIX,
+    PAGE_LOG,
+    PAGE_LOG_SQL,
+    PAGES_SQL,
+    PAGES_TABLE,
+    item_table_names,
+)
 from crawler.storage.items import quote as q
 
 
 def _columns(conn: sqlite3.Connection, table: str, schema: str = "main") -> dict[str, str]:
     rows = conn.execute(f"PRAGMA {schema}.table_info({q(table)})").fetchall()
     return {r[1]: r[2] for r in rows}
-
-
-def item_table_names(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
-    """Tables with the item columns, and the bookkeeping tables that exist."""
-    names = conn.execute(f"SELECT name FROM {schema}.sqlite_master WHERE type = 'table'")
-    return [n for (n,) in names.fetchall() if set(META_COLUMNS) <= set(_columns(conn, n, schema))]
 
 
 def prune_items(conn: sqlite3.Connection) -> int:
@@ -35,7 +38,7 @@ def prune_items(conn: sqlite3.Connection) -> int:
     with transaction(conn):
         for table in item_table_names(conn):
             deleted += conn.execute(f"DELETE FROM {q(table)} WHERE {gone}").rowcount
-        for table in (PAGES_TABLE, PAGE_LOG):
+        for table in (PAGES_TABLE, PAGE_LOG, INCOMPLETE_TABLE):
             if _columns(conn, table):
                 conn.execute(f"DELETE FROM {table} WHERE {gone}")
     return deleted
@@ -67,6 +70,16 @@ def merge_items_from(conn: sqlite3.Connection, path: str | Path) -> int:
                 f"INSERT OR REPLACE INTO main.{PAGES_TABLE} SELECT * FROM src.{PAGES_TABLE} "
                 "WHERE _key IN (SELECT key FROM temp.won)"
             )
+            if _columns(conn, INCOMPLETE_TABLE):
+                conn.execute(
+                    f"DELETE FROM main.{INCOMPLETE_TABLE} WHERE (_key, _spider) IN ({pages})"
+                )
+            if _columns(conn, INCOMPLETE_TABLE, "src"):
+                conn.execute(INCOMPLETE_SQL)
+                conn.execute(
+                    f"INSERT OR IGNORE INTO main.{INCOMPLETE_TABLE} SELECT _key, _spider "
+                    f"FROM src.{INCOMPLETE_TABLE} WHERE _key IN (SELECT key FROM temp.won)"
+                )
             if _columns(conn, PAGE_LOG, "src"):
                 conn.execute(
                     f"INSERT INTO main.{PAGE_LOG} (_key) SELECT _key FROM src.{PAGE_LOG} "
@@ -87,7 +100,7 @@ def _copy_table(conn: sqlite3.Connection, table: str) -> int:
         conn.execute(sql)  # created in main
         # Tables keyed by (_key, _seq) are searched by that key; a natural key's table
         # has an index of its pages (ItemTables.ensure).
-        index = table + "_by_key"
+        index = table + KEY_INDEX_SUFFIX
         if conn.execute(
             "SELECT 1 FROM src.sqlite_master WHERE type = 'index' AND name = ?", (index,)
         ).fetchone():

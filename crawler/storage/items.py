@@ -9,34 +9,35 @@ Tables are created on demand, outside the catalog's numbered migrations: their
 columns are the items' fields, which only the spiders know. ``_item_pages`` records,
 per page and spider, which tables hold its items, so that parsing a page again
 replaces them wherever they are; ``_page_log`` numbers the pages in the order a crawl
-committed their rows, and ``_follow_progress`` is how far each ``reparse --follow``
-has read it (crawler/reparse/follow.py).
+committed their rows (how far each ``reparse --follow`` has read it is its bookmark:
+crawler/storage/bookmarks.py).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import sqlite3
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from json.encoder import c_make_encoder, encode_basestring
 
 from crawler.storage.catalog import Catalog
+from crawler.storage.itemvalues import value_type
 
 logger = logging.getLogger(__name__)
 
 PAGES_TABLE = "_item_pages"
 # Pages in the order their rows were committed by a crawl (a follower's position).
 PAGE_LOG = "_page_log"
-FOLLOW_TABLE = "_follow_progress"
 # Pages whose records an items crawl's recovery indexed from the archive: their rows
 # are committed before their items are parsed, so the list is kept until they are (a
 # run killed in between leaves them to the next: middlewares/items.py).
 RECOVERED_TABLE = "_recovered_pages"
+# Pages whose items a spider stored while a download of theirs failed (it got no row):
+# its next crawl parses them again from the archive, so that the download is tried
+# again (middlewares/items.py); a page is deleted from the list once parsed complete.
+INCOMPLETE_TABLE = "_incomplete_pages"
 META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 # The catalog's own tables (crawler/storage/catalog.py), never an item table; nor is
 # any name starting with "_" (this module's tables) or "sqlite_" (SQLite's), nor one
@@ -44,7 +45,11 @@ META_COLUMNS = ("_key", "_seq", "_spider", "_parsed_at")
 CATALOG_TABLES = frozenset({"artifacts", "totals", "artifacts_rowid"})
 RESERVED_PREFIXES = ("_", "sqlite_")
 KEY_INDEX_SUFFIX = "_by_key"
-TYPES = ("INTEGER", "REAL", "TEXT", "BLOB", "")
+# What an item whose table is reserved is told.
+RESERVED_RULE = (
+    f"its own tables, names starting with {' or '.join(RESERVED_PREFIXES)}, "
+    f"ending with {KEY_INDEX_SUFFIX}"
+)
 # Fixed width to the microsecond: text order is time order, and two parses of a page
 # in the same second still tell which came last.
 PARSED_AT_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -63,33 +68,25 @@ CREATE TABLE IF NOT EXISTS {PAGE_LOG} (
     _key TEXT NOT NULL
 )"""
 RECOVERED_SQL = f"CREATE TABLE IF NOT EXISTS {RECOVERED_TABLE} (_key TEXT PRIMARY KEY)"
-FOLLOW_SQL = f"""
-CREATE TABLE IF NOT EXISTS {FOLLOW_TABLE} (
-    spider TEXT PRIMARY KEY,
-    seq INTEGER NOT NULL,
-    pages INTEGER NOT NULL
+INCOMPLETE_SQL = f"""
+CREATE TABLE IF NOT EXISTS {INCOMPLETE_TABLE} (
+    _key TEXT NOT NULL,
+    _spider TEXT NOT NULL,
+    PRIMARY KEY (_key, _spider)
 )"""
-# A follower of a Slurm DATA/: its position in each shipped catalog's page log. A
-# shipment leaves out the pages whose archive is not shipped yet, and a later one
-# brings them with their earlier numbers: ``gaps`` lists the numbers below ``seq``
-# not seen yet (JSON), so that they are parsed when they come.
-FOLLOW_SHIPPED_TABLE = "_follow_shipped"
-FOLLOW_SHIPPED_SQL = f"""
-CREATE TABLE IF NOT EXISTS {FOLLOW_SHIPPED_TABLE} (
-    spider TEXT NOT NULL,
-    catalog TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    gaps TEXT NOT NULL,
-    pages INTEGER NOT NULL,
-    PRIMARY KEY (spider, catalog)
-)"""
+
+
+def _has_table(conn: sqlite3.Connection, name: str) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)
+        ).fetchone()
+    )
 
 
 def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[str]:
     """The ones among ``keys`` whose items of ``spider`` are stored."""
-    if not conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (PAGES_TABLE,)
-    ).fetchone():
+    if not _has_table(conn, PAGES_TABLE):
         return set()
     found: set[str] = set()
     for i in range(0, len(keys), 500):
@@ -100,10 +97,6 @@ def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[s
         )
         found.update(k for (k,) in conn.execute(sql, (spider, *chunk)))
     return found
-
-
-class ItemValueError(ValueError):
-    """An item field holds a value no column can store."""
 
 
 def parsed_at_now() -> str:
@@ -147,6 +140,7 @@ class PageItems:
 
     ``replace``: the page was answered from the catalog (or is parsed again), so its
     items replace those stored, whether or not a row of this run goes with them.
+    ``incomplete``: a download of its items failed, and the page is to be parsed again.
     ``rows`` on the crawl's side; the writer gets them as ``runs`` (:func:`runs_of`).
     """
 
@@ -156,6 +150,7 @@ class PageItems:
     parsed_at: str
     replace: bool = False
     log: bool = False  # a row indexed by a recovery: new to followers too
+    incomplete: bool = False
     _runs: list[Run] | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -169,12 +164,20 @@ class PageItems:
         return sum(len(run[4]) for run in self.runs) if self._runs is not None else len(self.rows)
 
     def to_wire(self) -> tuple:
-        return (self.key, self.spider, self.runs, self.parsed_at, self.replace, self.log)
+        return (
+            self.key,
+            self.spider,
+            self.runs,
+            self.parsed_at,
+            self.replace,
+            self.log,
+            self.incomplete,
+        )
 
     @classmethod
     def from_wire(cls, wire: tuple) -> PageItems:
-        key, spider, runs, parsed_at, replace, log = wire
-        return cls(key, spider, [], parsed_at, replace, log, runs)
+        key, spider, runs, parsed_at, replace, log, incomplete = wire
+        return cls(key, spider, [], parsed_at, replace, log, incomplete, runs)
 
     def __reduce__(self):
         # Pickled (a re-parse worker's pages to its parent) as on the wire: the rows'
@@ -193,116 +196,24 @@ def reserved_table(name: str) -> bool:
     )
 
 
+def item_table_names(conn: sqlite3.Connection, schema: str = "main") -> list[str]:
+    """The item tables of a catalog database (of an attached one: ``schema``): those
+    not reserved, with the columns every item table has."""
+    names = conn.execute(
+        f"SELECT name FROM {quote(schema)}.sqlite_master WHERE type = 'table' ORDER BY name"
+    ).fetchall()
+    found = []
+    for (name,) in names:
+        if reserved_table(name):
+            continue
+        columns = conn.execute(f"PRAGMA {quote(schema)}.table_info({quote(name)})").fetchall()
+        if set(META_COLUMNS) <= {c[1] for c in columns}:
+            found.append(name)
+    return found
+
+
 def quote(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
-
-
-# JSON has no NaN or Infinity: NaN is null, as SQLite stores a bare NaN (NULL), and
-# +-Infinity is written 1e999 / -1e999, valid JSON that every JSON reader (Python,
-# JavaScript, SQLite's json functions, pandas) reads back as infinity.
-INFINITY_JSON = "1e999"
-# One encoder for every value: ``json.dumps`` with options builds a new JSONEncoder per
-# call, a third of the time of a short list's text.
-_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
-_ENCODE = _ENCODER.encode
-# And the C encoder that ``encode`` builds for each call, built once: that took two
-# thirds of the time of a short list's text (an item has several). Without the
-# check for a value that holds itself, whose marks would be shared by every call:
-# such a value recurses to a RecursionError, and is then given to ``_ENCODE``.
-_C_ENCODE = (
-    c_make_encoder(
-        None,
-        _ENCODER.default,
-        encode_basestring,
-        None,
-        _ENCODER.key_separator,
-        _ENCODER.item_separator,
-        False,
-        False,
-        False,
-    )
-    if c_make_encoder is not None
-    else None
-)
-
-
-def _encode(value: object) -> str:
-    if _C_ENCODE is None:
-        return _ENCODE(value)
-    try:
-        return "".join(_C_ENCODE(value, 0))
-    except RecursionError:
-        return _ENCODE(value)
-
-
-def _finite(value: object, marker: str) -> object:
-    """``value`` with NaN as None and infinities as ``marker`` strings (lists, dicts)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("+" if value > 0 else "-") + marker
-    if isinstance(value, dict):
-        return {k: _finite(v, marker) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v, marker) for v in value]
-    return value
-
-
-def json_text(value: object) -> str:
-    """``value`` as JSON text (the text of a list or dict column, a jsonl line);
-    NaN as null, infinities as +-1e999. Raises TypeError, ValueError."""
-    try:
-        return _encode(value)
-    except ValueError:
-        pass  # a NaN or an infinity: the slower path, rare
-    marker = uuid.uuid4().hex
-    text = _ENCODE(_finite(value, marker))
-    text = text.replace(f'"+{marker}"', INFINITY_JSON)
-    return text.replace(f'"-{marker}"', "-" + INFINITY_JSON)
-
-
-def has_nan(value: object) -> bool:
-    """Whether ``value`` (or a list or dict in it) holds a NaN, stored as NULL."""
-    if isinstance(value, float):
-        return math.isnan(value)
-    if isinstance(value, dict):
-        return any(has_nan(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(has_nan(v) for v in value)
-    return False
-
-
-def column_value(value: object) -> object:
-    """``value`` as SQLite stores it; raises ItemValueError when it cannot be.
-
-    A NaN is NULL (SQLite stores a NaN so), bare or in a list or dict (JSON null)."""
-    if value is None or isinstance(value, (str, bytes)):
-        return value
-    if isinstance(value, float):
-        return None if math.isnan(value) else value
-    if isinstance(value, int):  # bool too
-        if -(1 << 63) <= value < (1 << 63):
-            return int(value)
-        raise ItemValueError(f"integer {value} does not fit in 64 bits")
-    if isinstance(value, (list, tuple, dict)):
-        try:
-            return json_text(value)
-        except (TypeError, ValueError) as exc:
-            raise ItemValueError(f"{type(value).__name__} is not JSON: {exc}") from None
-    raise ItemValueError(
-        f"{type(value).__name__} value {value!r:.60} cannot be stored "
-        "(use str, int, float, bool, bytes, None, or lists and dicts of them)"
-    )
-
-
-def value_type(value: object) -> str:
-    if isinstance(value, int):
-        return "INTEGER"
-    if isinstance(value, float):
-        return "REAL"
-    if isinstance(value, str):
-        return "TEXT"
-    if isinstance(value, bytes):
-        return "BLOB"
-    return ""
 
 
 class ItemTables:
@@ -313,6 +224,7 @@ class ItemTables:
         self._columns: dict[str, set[str]] = {}
         # INSERT statements by (table, field names), known to have their columns.
         self._shapes: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._incomplete_listed = False
         conn.execute(PAGES_SQL)
         conn.execute(PAGE_LOG_SQL)
 
@@ -441,7 +353,30 @@ class ItemTables:
         self.conn.executemany(
             f"INSERT OR REPLACE INTO {PAGES_TABLE} VALUES (?, ?, ?, ?, ?)", summaries
         )
+        self._note_incomplete(pages)
         return n
+
+    def _note_incomplete(self, pages: list[PageItems]) -> None:
+        """List the incomplete pages to parse again; the others leave the list."""
+        incomplete = [(p.key, p.spider) for p in pages if p.incomplete]
+        if incomplete:
+            self.conn.execute(INCOMPLETE_SQL)
+            self._incomplete_listed = True
+            self.conn.executemany(
+                f"INSERT OR IGNORE INTO {INCOMPLETE_TABLE} VALUES (?, ?)", incomplete
+            )
+        if len(incomplete) == len(pages) or not self._lists_incomplete():
+            return
+        self.conn.executemany(
+            f"DELETE FROM {INCOMPLETE_TABLE} WHERE _key = ? AND _spider = ?",
+            [(p.key, p.spider) for p in pages if not p.incomplete],
+        )
+
+    def _lists_incomplete(self) -> bool:
+        # Asked until the list exists: most catalogs never have one.
+        if not self._incomplete_listed:
+            self._incomplete_listed = _has_table(self.conn, INCOMPLETE_TABLE)
+        return self._incomplete_listed
 
 
 class ItemTableWriter:
@@ -452,52 +387,16 @@ class ItemTableWriter:
         self.catalog = Catalog(catalog_path)
         self.tables = ItemTables(self.catalog.conn)
 
-    def write(
-        self,
-        pages: list[PageItems],
-        follow: tuple[str, int, int] | None = None,
-        shipped: tuple[str, str, int, list[int], int] | None = None,
-    ) -> int:
-        """Replace ``pages``' items; ``follow``: (spider, page log position reached,
-        pages read), or ``shipped``: (spider, shipped catalog, position, gaps, pages
-        read), saved in the same transaction so a follower resumes exactly after them."""
-        if not pages and follow is None and shipped is None:
+    def write(self, pages: list[PageItems], then: Callable[[], None] | None = None) -> int:
+        """Replace ``pages``' items; ``then`` runs in the same transaction (a follower
+        saves its bookmark so, to resume exactly after them)."""
+        if not pages and then is None:
             return 0
         with self.catalog.transaction():
             n = self.tables.replace_many(pages) if pages else 0
-            if follow is not None:
-                self.catalog.conn.execute(FOLLOW_SQL)
-                self.catalog.conn.execute(
-                    f"INSERT INTO {FOLLOW_TABLE} VALUES (?, ?, ?) ON CONFLICT (spider) "
-                    "DO UPDATE SET seq = excluded.seq, pages = pages + excluded.pages",
-                    follow,
-                )
-            if shipped is not None:
-                spider, catalog, seq, gaps, read = shipped
-                self.catalog.conn.execute(FOLLOW_SHIPPED_SQL)
-                self.catalog.conn.execute(
-                    f"INSERT INTO {FOLLOW_SHIPPED_TABLE} VALUES (?, ?, ?, ?, ?) "
-                    "ON CONFLICT (spider, catalog) DO UPDATE SET seq = excluded.seq, "
-                    "gaps = excluded.gaps, pages = pages + excluded.pages",
-                    (spider, catalog, seq, json.dumps(sorted(gaps)), read),
-                )
+            if then is not None:
+                then()
         return n
-
-    def shipped_positions(self, spider: str) -> dict[str, tuple[int, set[int]]]:
-        """Shipped catalog name -> (position, gaps) a follower of ``spider`` reached."""
-        self.catalog.conn.execute(FOLLOW_SHIPPED_SQL)
-        got = self.catalog.conn.execute(
-            f"SELECT catalog, seq, gaps FROM {FOLLOW_SHIPPED_TABLE} WHERE spider = ?", (spider,)
-        )
-        return {name: (seq, set(json.loads(gaps))) for name, seq, gaps in got}
-
-    def follow_position(self, spider: str) -> int:
-        """The page log position a follower of ``spider`` reached (0: none)."""
-        self.catalog.conn.execute(FOLLOW_SQL)
-        got = self.catalog.conn.execute(
-            f"SELECT seq FROM {FOLLOW_TABLE} WHERE spider = ?", (spider,)
-        ).fetchone()
-        return got[0] if got else 0
 
     def logged_rows(self, after: int, limit: int) -> list[tuple[int, str]]:
         """(seq, key) of the pages logged after position ``after``, in order."""
@@ -546,11 +445,21 @@ class RecoveredPagesWriter(PageLogWriter):
     insert = f"INSERT OR IGNORE INTO {RECOVERED_TABLE} (_key) VALUES (?)"
 
 
+def incomplete_pages(conn: sqlite3.Connection, spider: str) -> list[tuple[str, str]]:
+    """(key, url) of the pages whose items of ``spider`` were stored while a download of
+    theirs failed."""
+    if not _has_table(conn, INCOMPLETE_TABLE):
+        return []
+    return conn.execute(
+        f"SELECT i._key, a.url FROM {INCOMPLETE_TABLE} i JOIN artifacts a ON a.key = i._key "
+        "WHERE i._spider = ?",
+        (spider,),
+    ).fetchall()
+
+
 def unparsed_recovered(conn: sqlite3.Connection, spider: str) -> list[tuple[str, str]]:
     """(key, url) of the recovered pages whose items of ``spider`` are not stored."""
-    if not conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (RECOVERED_TABLE,)
-    ).fetchone():
+    if not _has_table(conn, RECOVERED_TABLE):
         return []
     pages = conn.execute(
         f"SELECT r._key, a.url FROM {RECOVERED_TABLE} r JOIN artifacts a ON a.key = r._key"
@@ -585,8 +494,8 @@ class ItemStore:
         self.held[row.key] = row
 
     def unparsed(self, row) -> None:
-        """Queue the row of a response no callback parses: it has no items to wait for."""
-        self._new.append(row.key)
+        """Queue the row of a response no callback parses: it has no items to wait for,
+        and is no page of the page log (a follower would parse it)."""
         self._upsert(row)
 
     def done(self, page: PageItems) -> None:

@@ -21,6 +21,12 @@ KEY_HEADER = "X-Crawl-Key"
 REQUESTED_URI_HEADER = "X-Crawl-Requested-URI"
 METHOD_HEADER = "X-Crawl-Method"
 _OWN_HEADERS = {"WARC-Target-URI", KEY_HEADER, REQUESTED_URI_HEADER, METHOD_HEADER}
+# A record no spider callback parses (a media pipeline's download, or a thumbnail it
+# made): the recovery of a killed run indexes it as a download, never as a page whose
+# items are still to parse. A WARC record says it with this header ("1"), the zip and
+# sqlite formats with ``"download": 1`` in their metadata.
+DOWNLOAD_HEADER = "X-Crawl-Download"
+DOWNLOAD_META = "download"
 # Headers that no longer describe the stored payload once Scrapy decoded it; the
 # server's values are kept under this prefix (the convention replay tools know).
 ORIG_PREFIX = "X-Archive-Orig-"
@@ -121,10 +127,17 @@ IDENTICAL_PROFILE = "http://netpreserve.org/warc/1.1/revisit/identical-payload-d
 @dataclass
 class Indexed:
     """What an archive file holds, as catalog rows and 304 refreshes. A revisit of a
-    payload stored already is a row pointing at the record that holds it."""
+    payload stored already is a row pointing at the record that holds it. ``downloads``:
+    the keys of the rows no spider callback parses (:data:`DOWNLOAD_HEADER`)."""
 
     rows: list[Row] = field(default_factory=list)
     touches: list[Touch] = field(default_factory=list)
+    downloads: set[str] = field(default_factory=set)
+
+    def add(self, row: Row, download: bool = False) -> None:
+        self.rows.append(row)
+        if download:
+            self.downloads.add(row.key)
 
 
 def refers_to(original: Row) -> str:

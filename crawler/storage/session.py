@@ -6,7 +6,7 @@ fetch again (``CATALOG_SEEN``), open the action log and have the writer process 
 the store; then look keys up, replay stored records, hand fetches to the writer; at
 the end, drain the writer, release everything and say what the run stored.
 
-``extensions/storage.py`` is the Scrapy adapter over it; ``scrapy shell`` and the
+``extensions/storage/`` is the Scrapy adapter over it; ``scrapy shell`` and the
 offline HTTP cache (``extensions/archive_cache.py``) replay through it. No Scrapy here.
 """
 
@@ -18,12 +18,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from crawler import settingspecs
 from crawler.storage import formats
 from crawler.storage.actionlog import ActionLog
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, CatalogError, SettingError, StoreError
-from crawler.storage.formats.base import MAX_LEVEL
 from crawler.storage.records import Row, StoredRecord
 from crawler.storage.runlog import append_run
 from crawler.storage.seen import CatalogWithSeen, with_seen
@@ -31,8 +31,6 @@ from crawler.storage.store import Recovery, StoreConfig, recover
 from crawler.storage.writer.client import ReplyWatcher, WriterProcess
 
 logger = logging.getLogger(__name__)
-# ARCHIVE_DEDUP: what a payload stored already is kept as (docs/reference/settings.md).
-DEDUP_MODES = ("url", "digest", "off")
 
 
 @dataclass
@@ -50,54 +48,39 @@ class SessionConfig:
 
     @classmethod
     def from_settings(cls, settings) -> SessionConfig:
-        """From Scrapy settings; a bad value raises SettingError naming the setting."""
-        datadir = DataDir.from_settings(settings)
-        batch_size = _number(settings, "CATALOG_BATCH_SIZE", int)
-        if batch_size < 1:
-            raise SettingError(f"CATALOG_BATCH_SIZE must be at least 1, not {batch_size}")
-        compressor = settings.get("ARCHIVE_COMPRESSOR") or "isal"
-        if compressor not in MAX_LEVEL:
-            raise SettingError(
-                f"ARCHIVE_COMPRESSOR must be one of {sorted(MAX_LEVEL)}, not {compressor!r}"
-            )
-        level = _number(settings, "ARCHIVE_GZIP_LEVEL", int)
-        if not 0 <= level <= MAX_LEVEL[compressor]:
-            raise SettingError(
-                f"ARCHIVE_GZIP_LEVEL must be 0-{MAX_LEVEL[compressor]} with "
-                f"ARCHIVE_COMPRESSOR={compressor}, not {level}"
-            )
-        fmt = formats.get(settings.get("ARCHIVE_FORMAT"))
-        dedup = (settings.get("ARCHIVE_DEDUP") or "url").lower()
-        if dedup not in DEDUP_MODES:
-            raise SettingError(f"ARCHIVE_DEDUP must be url, digest or off, not {dedup!r}")
+        """From Scrapy settings, each read as crawler/settingspecs.py declares it; a bad
+        value raises SettingError naming the setting."""
+
+        def get(name: str):
+            try:
+                return settingspecs.check_value(name, settings.get(name))
+            except settingspecs.SettingValueError as exc:
+                raise SettingError(str(exc)) from None
+
+        try:
+            settingspecs.check_combinations(get)
+        except settingspecs.SettingValueError as exc:
+            raise SettingError(str(exc)) from None
+        fmt = formats.get(get("ARCHIVE_FORMAT"))
         return cls(
             store=StoreConfig(
-                data_dir=datadir.root,
-                prefix=settings.get("ARCHIVE_PREFIX") or "crawl",
-                rollover_bytes=_number(settings, "ARCHIVE_ROLLOVER_BYTES", int),
-                gzip_level=level,
-                compressor=compressor,
-                batch_size=batch_size,
-                flush_seconds=_number(settings, "CATALOG_FLUSH_SECONDS", float),
-                rollover_seconds=_number(settings, "ARCHIVE_ROLLOVER_SECONDS", float),
+                data_dir=DataDir.from_settings(settings).root,
+                prefix=get("ARCHIVE_PREFIX") or "crawl",
+                rollover_bytes=get("ARCHIVE_ROLLOVER_BYTES"),
+                gzip_level=get("ARCHIVE_GZIP_LEVEL"),
+                compressor=get("ARCHIVE_COMPRESSOR"),
+                batch_size=get("CATALOG_BATCH_SIZE"),
+                flush_seconds=get("CATALOG_FLUSH_SECONDS"),
+                rollover_seconds=get("ARCHIVE_ROLLOVER_SECONDS"),
                 format=fmt.name,
                 format_options=fmt.options(settings),
-                items=settings.getbool("CATALOG_ITEMS_ENABLED"),
-                dedup=dedup,
+                items=get("CATALOG_ITEMS_ENABLED"),
+                dedup=get("ARCHIVE_DEDUP"),
             ),
-            store_statuses=frozenset(int(s) for s in settings.getlist("CATALOG_STORE_STATUSES")),
-            queue_bytes=_number(settings, "ARCHIVE_QUEUE_BYTES", int),
-            seen=settings.getlist("CATALOG_SEEN"),
+            store_statuses=frozenset(get("CATALOG_STORE_STATUSES")),
+            queue_bytes=get("ARCHIVE_QUEUE_BYTES"),
+            seen=get("CATALOG_SEEN"),
         )
-
-
-def _number(settings, name: str, kind: type[int] | type[float]) -> int | float:
-    """``settings.getint``/``getfloat`` with an error that names the setting."""
-    value = settings.get(name)
-    try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise SettingError(f"{name} must be a number, not {value!r}") from None
 
 
 @dataclass
@@ -113,13 +96,23 @@ class EndSummary:
     body_bytes: int
     archive_bytes: int
     archive_files: int
-    revisits: int = 0  # pages fetched again unchanged, stored as revisits
+    revisits: int = 0  # fetches stored as revisits: unchanged, or by digest
+    unchanged: int = 0  # of those, pages fetched again with their stored payload
 
     def text(self) -> str:
+        """What the run stored, counted as its outcome line counts it: a page new to its
+        URL is stored (``ok``), whole or as a revisit of the same payload under another
+        URL (ARCHIVE_DEDUP=digest); a page fetched again unchanged is not."""
         by_status = ", ".join(f"{s}: {n}" for s, n in self.by_status.items()) or "none"
+        by_digest = self.revisits - self.unchanged
         return (
-            f"This run stored {self.stored} responses ({self.stored_bytes:,} bytes)"
-            + (f", {self.revisits} unchanged as revisits," if self.revisits else "")
+            f"This run stored {self.stored + by_digest} responses ({self.stored_bytes:,} bytes"
+            + (
+                f"; {by_digest} of them as revisits of the same payload under another URL)"
+                if by_digest
+                else ")"
+            )
+            + (f", {self.unchanged} unchanged as revisits," if self.unchanged else "")
             + f" and refreshed {self.refreshed}.\n"
             f"Catalog {self.datadir.catalog_path}: {self.rows} rows ({by_status}), "
             f"{self.body_bytes:,} bytes of bodies.\n"
@@ -334,6 +327,7 @@ class StorageSession:
             stored_bytes=stored["bytes"],
             refreshed=stored["refreshed"],
             revisits=stored.get("revisits", 0),
+            unchanged=stored.get("unchanged", 0),
             datadir=self.datadir,
             rows=totals["rows"],
             by_status=totals["by_status"],

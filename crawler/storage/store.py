@@ -79,8 +79,9 @@ def recover(datadir: DataDir, log_pages: bool = False, items: bool = False) -> R
         for path in open_files:
             repair = formats.for_path(path).repair(path, datadir.root)
             result.repairs.append(repair)
+            indexed = repair.indexed
             result.indexed_rows += index_missing(
-                catalog, repair.indexed.rows, repair.indexed.touches, log_pages, items
+                catalog, indexed.rows, indexed.touches, log_pages, items, indexed.downloads
             )
     return result
 
@@ -91,10 +92,12 @@ def index_missing(
     touches: list[Touch],
     log_pages: bool = False,
     items: bool = False,
+    downloads: set[str] = frozenset(),
 ) -> int:
     """UPSERT rows the catalog lacks or holds an older fetch of; apply newer 304s.
-    ``log_pages`` (``items``): append the rows' keys to the page log (the recovered
-    pages) in the same transactions."""
+    ``log_pages`` (``items``): append the keys of the pages among the rows to the page
+    log (the recovered pages) in the same transactions; the rows of ``downloads`` (keys
+    no spider callback parses) are no page of either."""
     added = 0
     with catalog.writer(batch_size=1000) as batch:
         page_log = (
@@ -110,7 +113,7 @@ def index_missing(
             have = catalog.get(row.key)
             if have is None or have.fetched_at < row.fetched_at:
                 batch.upsert(row)
-                if page_log is not None:
+                if page_log is not None and row.key not in downloads:
                     page_log.add(row.key)
                 added += 1
         for key, etag, last_modified, fetched_at in touches:
@@ -258,7 +261,8 @@ class Store:
         else:
             if action is not None:
                 self._actions.append(action)
-            self.page_log.add(row.key)
+            if fetch.parsed:  # a page a follower parses (crawler/reparse/follow.py)
+                self.page_log.add(row.key)
             self.batch.upsert(row)
         self._maybe_roll()
         return row

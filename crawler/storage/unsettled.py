@@ -3,7 +3,7 @@
 A request for such a key would miss the catalog and be fetched a second time: a
 depth crawl meets a page again higher up while its first fetch is in flight, or
 queued for the writer's next commit. The crawl waits for the row instead
-(``extensions/storage.py``). Bounded: the oldest stored keys are forgotten first, long
+(``extensions/storage/waits.py``). Bounded: the oldest stored keys are forgotten first, long
 after the writer committed them (it commits at least every ``CATALOG_FLUSH_SECONDS``).
 """
 

@@ -21,7 +21,8 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from crawler.storage.items import META_COLUMNS, json_text, quote
+from crawler.storage.items import item_table_names, quote
+from crawler.storage.itemvalues import json_text
 from crawler.tools.scan import ToolError, open_catalog
 from crawler.tools.tmpfiles import temp_path
 
@@ -63,14 +64,11 @@ def text_value(value: object) -> object:
 
 
 def item_tables(conn: sqlite3.Connection) -> list[tuple[str, int]]:
-    """(name, rows) of every item table: the tables with the item columns."""
-    out = []
-    names = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-    for (name,) in names.fetchall():
-        cols = {r[1] for r in conn.execute(f"PRAGMA table_info({quote(name)})")}
-        if set(META_COLUMNS) <= cols:
-            out.append((name, conn.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()[0]))
-    return out
+    """(name, rows) of every item table."""
+    return [
+        (name, conn.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()[0])
+        for name in item_table_names(conn)
+    ]
 
 
 def item_table_lines(data_dir: Path) -> list[str]:

@@ -70,7 +70,8 @@ class Rebuild:
         scan = scan_archives(archives, self.data_dir)
         rows = newest_rows(scan.indexed)
         n = write_catalog(sorted(rows.values(), key=lambda r: r.key), self.output)
-        return RebuildResult(self.output, n, scan.records, scan.problems)
+        # A revisit whose original is lost is a page the rebuilt catalog lacks.
+        return RebuildResult(self.output, n, scan.records, scan.problems + scan.unresolved)
 
 
 # -- merge -----------------------------------------------------------------------------

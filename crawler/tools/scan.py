@@ -29,11 +29,46 @@ def open_catalog(data_dir: Path) -> Catalog:
 
 
 def scan_archives(paths: Iterable[Path], data_dir: Path) -> Scan:
-    """Index every readable record; a bad one is reported (file, offset) and skipped."""
+    """Index every readable record; a bad one is reported (file, offset) and skipped,
+    and so is a revisit whose original record is in a file missing or cut short."""
     scan = Scan()
+    elsewhere: dict[str, list[tuple[str, Row]]] = {}
     for path in paths:
-        formats.for_path(path).scan(path, os.path.relpath(path, data_dir), scan)
+        relpath = os.path.relpath(path, data_dir)
+        start = len(scan.indexed.rows)
+        formats.for_path(path).scan(path, relpath, scan)
+        for row in scan.indexed.rows[start:]:
+            if row.archive != relpath:  # a revisit of a record in another file
+                elsewhere.setdefault(row.archive, []).append((relpath, row))
+    if elsewhere:
+        _resolve_revisits(scan, DataDir(data_dir), elsewhere)
     return scan
+
+
+def _resolve_revisits(
+    scan: Scan, datadir: DataDir, elsewhere: dict[str, list[tuple[str, Row]]]
+) -> None:
+    """Leave out of ``scan.indexed`` the revisits whose original file is missing or cut
+    short of their records (``scan.unresolved`` names each)."""
+    lost: set[int] = set()
+    for name, revisits in elsewhere.items():
+        path = datadir.resolve(name)
+        fmt = formats.for_path(path)
+        end = max(row.offset + row.length for _, row in revisits)
+        if fmt.holds(path, end, max(row.offset for _, row in revisits)):
+            continue
+        why = "cut short" if path.exists() else "missing"
+        for relpath, row in revisits:
+            if why == "cut short" and fmt.holds(path, row.offset + row.length, row.offset):
+                continue
+            lost.add(id(row))
+            scan.unresolved.append(
+                f"{relpath}: a revisit of {row.url} ({row.fetched_at}) refers to {name}, "
+                f"offset {row.offset}: that file is {why}; not indexed"
+            )
+    if lost:
+        indexed = scan.indexed
+        indexed.rows = [row for row in indexed.rows if id(row) not in lost]
 
 
 def newest_rows(indexed: Indexed) -> dict[str, Row]:

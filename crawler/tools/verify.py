@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from crawler.storage import formats
 from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError
@@ -24,8 +25,10 @@ class VerifyReport:
     orphan_touches: list[tuple] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     archive: Indexed = field(default_factory=Indexed)
+    cut: list[Path] = field(default_factory=list)  # files that end inside a record
     dropped: int = 0
     reindexed: int = 0
+    repaired: list[Path] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -46,12 +49,17 @@ class VerifyReport:
             f"{len(self.orphan_touches):,} 304 refreshes not applied, "
             f"{len(self.problems):,} unreadable places in the archives"
         )
-        if self.dropped or self.reindexed:
+        if self.dropped or self.reindexed or self.repaired:
             out.append(f"fixed: dropped {self.dropped:,} rows, indexed {self.reindexed:,} records")
+            out += [
+                f"fixed: cut the partial last record off {p} (kept beside it)"
+                for p in self.repaired
+            ]
         elif not self.ok:
             out.append(
                 "run `scrapy catalog verify --fix` to drop the bad rows (their URLs are "
-                "fetched again) and index the missing records"
+                "fetched again), index the missing records and cut a partial last "
+                "record off a file"
             )
         return out
 
@@ -93,6 +101,7 @@ class Verify:
         scan = scan_archives(self.datadir.archives(), self.data_dir)
         report.problems = scan.problems
         report.archive = scan.indexed
+        report.cut = scan.cut
         implied = newest_rows(Indexed(rows=scan.indexed.rows))
         for key, row in implied.items():
             if key not in have or have[key] < row.fetched_at:
@@ -105,11 +114,15 @@ class Verify:
         return report
 
     def fix(self, report: VerifyReport) -> VerifyReport:
-        """Drop the bad rows, then index what the archive holds and the catalog lacks
-        (hold the data directory's lock).
+        """Drop the bad rows, then index what the archive holds and the catalog lacks,
+        and cut a partial last record off a file that ends inside one, keeping it
+        beside the file as the recovery of a killed crawl does (hold the data
+        directory's lock).
 
         A dropped row whose key has an older readable record falls back to it, as
-        ``rebuild`` would; a key with none is fetched again by the next crawl.
+        ``rebuild`` would; a key with none is fetched again by the next crawl. A
+        revisit whose original record is lost is not indexed: its page is fetched
+        again too.
         """
         bad = {(row.archive, row.offset) for row, _ in report.bad_rows}
         readable = [r for r in report.archive.rows if (r.archive, r.offset) not in bad]
@@ -117,6 +130,9 @@ class Verify:
             catalog.delete(row.key for row, _ in report.bad_rows)
             report.dropped = len(report.bad_rows)
             report.reindexed = index_missing(catalog, readable, report.archive.touches)
+        for path in report.cut:
+            formats.for_path(path).repair(path, self.data_dir)
+            report.repaired.append(path)
         return report
 
 

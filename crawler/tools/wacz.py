@@ -200,6 +200,7 @@ class WaczBuilder:
         paths = warc_paths(self.data_dir)
         if not paths and not others:
             raise ToolError(f"no closed archive files under {DataDir(self.data_dir).archive_dir}")
+        self._check_archives()
         self.output.parent.mkdir(parents=True, exist_ok=True)
         tmp_out = temp_path(self.output)
         self.resources = []
@@ -236,6 +237,21 @@ class WaczBuilder:
             raise
         os.replace(tmp_out, self.output)
         return self.output
+
+    def _check_archives(self) -> None:
+        """A ToolError naming the archive files the catalog's rows point into that are
+        missing or cut short: a package without their records would lack those pages
+        (and the revisits referring to them) without a word."""
+        datadir = DataDir(self.data_dir)
+        with open_catalog(self.data_dir) as catalog:
+            lost = datadir.unreadable_archives(catalog.archive_extents())
+        if lost:
+            raise ToolError(
+                f"the catalog's rows point into archive files that are missing or cut "
+                f"short: {', '.join(lost)}; restore them, or drop their rows with "
+                "`scrapy catalog verify --fix` (their URLs are fetched again by the next "
+                "crawl)"
+            )
 
     def _datapackage(self) -> bytes:
         package = {

@@ -27,7 +27,6 @@ OPEN_SUFFIX = ".open"
 _READ_CHUNK = 1 << 20
 
 COMPRESSORS = {"isal": isal_zlib, "zlib": zlib}
-MAX_LEVEL = {"isal": 3, "zlib": 9}
 
 
 def gzip_member(data: bytes | list, level: int, compressor: str = "isal") -> bytes:
@@ -259,11 +258,16 @@ def finish_repair(path: Path, closed: Path) -> None:
 
 @dataclass
 class Scan:
-    """What archives hold, and the places they could not be read."""
+    """What archives hold, and the places they could not be read: ``cut``, the files
+    that end inside a record (a repair cuts the partial tail off); ``unresolved``, the
+    revisits whose original record is in a file missing or cut short (their rows are
+    left out of ``indexed``: no reader could resolve them)."""
 
     indexed: Indexed = field(default_factory=Indexed)
     problems: list[str] = field(default_factory=list)
     records: int = 0
+    cut: list[Path] = field(default_factory=list)
+    unresolved: list[str] = field(default_factory=list)
 
 
 class ArchiveFormat:
@@ -293,6 +297,15 @@ class ArchiveFormat:
     def writing_glob(self) -> str:
         """The markers of this format's files being written."""
         return f"*{self.suffix}{WRITING_SUFFIX}"
+
+    def holds(self, path: str | os.PathLike, end: int, last_offset: int) -> bool:
+        """Whether the file ``path`` can hold the records rows point at, the furthest
+        ending at byte ``end`` (``offset + length``), the last starting at
+        ``last_offset``; False when it is missing or cut short."""
+        try:
+            return os.path.getsize(path) >= end
+        except OSError:
+            return False
 
     def owns(self, path: str | os.PathLike) -> bool:
         """Whether ``path`` (or its legacy ``.open`` name) is a file of this format."""

@@ -29,6 +29,8 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from crawler import settingspecs
+from crawler.storage.catalog import readonly_uri
 from crawler.storage.errors import ArchiveError, SettingError
 from crawler.storage.formats.base import (
     ArchiveFormat,
@@ -41,6 +43,7 @@ from crawler.storage.formats.base import (
     writing_marker,
 )
 from crawler.storage.records import (
+    DOWNLOAD_META,
     KEY_HEADER,
     METHOD_HEADER,
     REQUESTED_URI_HEADER,
@@ -134,6 +137,8 @@ class SqliteWriter(ArchiveWriter):
             "fetched_at": warc_date(fetch.fetched_at),
             "digest": digest,
         }
+        if not fetch.parsed:
+            meta[DOWNLOAD_META] = 1
         if self.level > 0:
             body = zlib.compress(body, self.level, 31)  # a gzip member: any tool reads it
             meta["encoding"] = "gzip"
@@ -169,6 +174,8 @@ class SqliteWriter(ArchiveWriter):
             "refers_to_uri": original.final_url,
             "refers_to_date": original.fetched_at,
         }
+        if not fetch.parsed:
+            meta[DOWNLOAD_META] = 1
         headers = payload_headers(fetch.response_headers, len(fetch.body))
         self._insert(fetch.key, None, headers, meta)
         return fetch_row(
@@ -240,7 +247,7 @@ def connect(path: str | os.PathLike) -> Iterator[sqlite3.Connection]:
     if not os.path.exists(path):
         raise FileNotFoundError(2, "No such file or directory", str(path))
     try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+        db = sqlite3.connect(readonly_uri(path), uri=True, timeout=30)
     except sqlite3.Error as exc:
         raise SqliteArchiveError(f"{path}: cannot open the bodies database ({exc})") from exc
     try:
@@ -299,16 +306,16 @@ def index_row(row: tuple, relpath: str, out: Indexed) -> None:
     """Add what one ``bodies`` row says about the catalog to ``out``."""
     row_id, key, body, headers_json, meta_json = row
     meta, headers = json.loads(meta_json), json.loads(headers_json)
+    download = bool(meta.get(DOWNLOAD_META))
     if meta["type"] == "revisit" and meta.get("refers_to"):
-        out.rows.append(revisit_row({**meta, "key": key}, headers))
+        out.add(revisit_row({**meta, "key": key}, headers), download)
         return
     if meta["type"] == "revisit":
         etag, last_modified = header(headers, "ETag"), header(headers, "Last-Modified")
         out.touches.append((key, etag, last_modified, meta["fetched_at"]))
         return
-    out.rows.append(
-        meta_row({**meta, "key": key}, headers, relpath, row_id, len(_stored_bytes(body)))
-    )
+    row = meta_row({**meta, "key": key}, headers, relpath, row_id, len(_stored_bytes(body)))
+    out.add(row, download)
 
 
 def _index(path: Path, relpath: str, out: Indexed) -> int:
@@ -328,17 +335,11 @@ class SqliteFormat(ArchiveFormat):
     what = "body"
 
     def options(self, settings) -> dict:
-        level = settings.get("ARCHIVE_SQLITE_GZIP_LEVEL") or 0
+        name = "ARCHIVE_SQLITE_GZIP_LEVEL"  # 0: bodies searchable with LIKE
         try:
-            level = int(level)
-        except (TypeError, ValueError):
-            level = -1
-        if not 0 <= level <= 9:
-            raise SettingError(
-                f"ARCHIVE_SQLITE_GZIP_LEVEL must be 0 (bodies searchable) to 9, "
-                f"not {settings.get('ARCHIVE_SQLITE_GZIP_LEVEL')!r}"
-            )
-        return {"sqlite_gzip_level": level}
+            return {"sqlite_gzip_level": settingspecs.check_value(name, settings.get(name) or 0)}
+        except settingspecs.SettingValueError as exc:
+            raise SettingError(str(exc)) from None
 
     def writer(
         self,
@@ -392,6 +393,15 @@ class SqliteFormat(ArchiveFormat):
         out = Indexed()
         _index(path, relpath or os.path.relpath(path, data_dir), out)
         return out
+
+    def holds(self, path, end: int, last_offset: int) -> bool:
+        # A row's offset is the id of its body: the file must hold that id.
+        try:
+            with connect(path) as db:
+                (last,) = db.execute("SELECT max(id) FROM bodies").fetchone()
+        except (OSError, sqlite3.Error, ArchiveError):
+            return False
+        return last is not None and last >= last_offset
 
     def scan(self, path: Path, relpath: str, scan: Scan) -> None:
         try:

@@ -43,6 +43,7 @@ from crawler.storage.formats.base import (
     save_tail,
 )
 from crawler.storage.records import (
+    DOWNLOAD_HEADER,
     IDENTICAL_PROFILE,
     KEY_HEADER,
     METHOD_HEADER,
@@ -146,6 +147,7 @@ class WarcWriter(ArchiveWriter):
                 (REQUESTED_URI_HEADER, fetch.url),
                 (METHOD_HEADER, fetch.method),
                 *([(RENDERED_HEADER, "1")] if fetch.rendered_body is not None else []),
+                *([] if fetch.parsed else [(DOWNLOAD_HEADER, "1")]),
             ],
             http_headers,
             body,
@@ -302,6 +304,7 @@ class WarcWriter(ArchiveWriter):
             (REQUESTED_URI_HEADER, fetch.url),
             (METHOD_HEADER, fetch.method),
             (REFERS_TO_HEADER, refers_to(original)),
+            *([] if fetch.parsed else [(DOWNLOAD_HEADER, "1")]),
         ]
         digest = original.payload_digest
         self._append(warc_record("revisit", record_id, warc_headers, http_headers, b"", digest))
@@ -482,7 +485,7 @@ def index_record(record: WarcRecord, relpath: str, offset: int, length: int, out
             "digest": rec.get("WARC-Payload-Digest"),
             "refers_to": rec.get(REFERS_TO_HEADER),
         }
-        out.rows.append(revisit_row(fields, headers))
+        out.add(revisit_row(fields, headers), bool(rec.get(DOWNLOAD_HEADER)))
         return
     if rec_type == "conversion":
         # The DOM a browser rendered: the response's status and validators are on the
@@ -508,20 +511,19 @@ def index_record(record: WarcRecord, relpath: str, offset: int, length: int, out
         }
     else:
         return
-    out.rows.append(
-        Row(
-            key=key,
-            url=rec.get(REQUESTED_URI_HEADER) or rec.get("WARC-Target-URI"),
-            final_url=rec.get("WARC-Target-URI"),
-            fetched_at=rec.get("WARC-Date"),
-            archive=relpath,
-            offset=offset,
-            length=length,
-            payload_digest=rec.get("WARC-Payload-Digest"),
-            method=rec.get(METHOD_HEADER) or "GET",
-            **described,
-        )
+    row = Row(
+        key=key,
+        url=rec.get(REQUESTED_URI_HEADER) or rec.get("WARC-Target-URI"),
+        final_url=rec.get("WARC-Target-URI"),
+        fetched_at=rec.get("WARC-Date"),
+        archive=relpath,
+        offset=offset,
+        length=length,
+        payload_digest=rec.get("WARC-Payload-Digest"),
+        method=rec.get(METHOD_HEADER) or "GET",
+        **described,
     )
+    out.add(row, bool(rec.get(DOWNLOAD_HEADER)))
 
 
 def _next_member(f, start: int) -> int:
@@ -577,6 +579,8 @@ class WarcFormat(ArchiveFormat):
                     return
                 except ArchiveError as exc:
                     scan.problems.append(f"{path}: {exc}; skipped to the next record")
+                    if isinstance(exc, TruncatedRecordError):
+                        scan.cut.append(path)
                     start = _next_member(f, pos + 1)
                     if start < 0:
                         return

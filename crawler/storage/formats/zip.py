@@ -38,6 +38,7 @@ from crawler.storage.formats.base import (
     save_tail,
 )
 from crawler.storage.records import (
+    DOWNLOAD_META,
     KEY_HEADER,
     METHOD_HEADER,
     REQUESTED_URI_HEADER,
@@ -244,6 +245,8 @@ class ZipWriter(ArchiveWriter):
             "fetched_at": date,
             "digest": digest,
         }
+        if not fetch.parsed:
+            meta[DOWNLOAD_META] = 1
         name = f"{fetch.key[:2]}/{fetch.key}{extension(content_type)}"
         entry = self._append(name, fetch.body, meta, fetch.fetched_at)
         self.records_written += 1
@@ -287,6 +290,8 @@ class ZipWriter(ArchiveWriter):
             "refers_to_uri": original.final_url,
             "refers_to_date": original.fetched_at,
         }
+        if not fetch.parsed:
+            meta[DOWNLOAD_META] = 1
         self._append(f"{fetch.key[:2]}/{fetch.key}{REVISIT_SUFFIX}", b"", meta, fetch.fetched_at)
         self.records_written += 1
         return fetch_row(
@@ -412,11 +417,12 @@ def index_meta(meta: dict | None, body: bytes, entry: Entry, relpath: str, out: 
     if not meta:
         return
     headers = meta["headers"]
+    download = bool(meta.get(DOWNLOAD_META))
     if meta["type"] == "response":
         length = entry.end - entry.offset
-        out.rows.append(meta_row(meta, headers, relpath, entry.offset, length, len(body)))
+        out.add(meta_row(meta, headers, relpath, entry.offset, length, len(body)), download)
     elif meta["type"] == "revisit" and meta.get("refers_to"):
-        out.rows.append(revisit_row(meta, headers))
+        out.add(revisit_row(meta, headers), download)
     elif meta["type"] == "revisit":
         out.touches.append(
             (
@@ -455,6 +461,8 @@ class ZipFormat(ArchiveFormat):
                 scan.records += 1
         except ArchiveError as exc:
             scan.problems.append(f"{exc}; the entries after it are not indexed")
+            if isinstance(exc, TruncatedRecordError):
+                scan.cut.append(path)
 
     def repair(self, path: Path, data_dir: Path) -> Repair:
         """A partial entry is cut off (kept beside the file as ``<name>.cut-<time>``)

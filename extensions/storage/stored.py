@@ -1,0 +1,90 @@
+"""Which requests' answers are stored, asked in batches: :class:`StoredPages`.
+
+A part of the storage extension (``extensions/storage/extension.py``). A resumed crawl
+of a list of millions must skip what is stored at a cost close to nothing: start
+requests (``middlewares/resume.py``) and listed URLs before they become requests
+(``crawler.spiderkit.start``) are looked up with one catalog query a batch, and the
+ones the policy skips are logged as cache hits in one write. Whether a stored page has
+this spider's items decides whether it is replayed for them (``ARCHIVE_POLICY``).
+"""
+
+from __future__ import annotations
+
+from scrapy import Request
+
+from crawler.storage.items import parsed_keys
+from crawler.storage.records import Row
+from crawler.storage.session import StorageSession
+from extensions.archive_policy import ArchivePolicy, Decision
+from extensions.storage.actions import ActionRecorder
+from extensions.storage.requests import catalog_key, looked_up
+
+
+class StoredPages:
+    """Which requests' pages are stored, and parsed for this spider; the stored ones
+    among start requests and listed URLs dropped as cache hits, a batch per query."""
+
+    def __init__(self, session: StorageSession, policy: ArchivePolicy, actions: ActionRecorder):
+        self.session = session
+        self.policy = policy
+        self.actions = actions
+        self.spider_name = ""
+
+    def lookup(self, key: str) -> Row | None:
+        return self.session.lookup(key)
+
+    def parsed(self, keys: set[str] | list[str]) -> set[str]:
+        """The ones among stored ``keys`` whose items of this spider are stored; all of
+        them when the policy does not parse stored pages (nothing to ask)."""
+        if not keys or not self.policy.parse_stored:
+            return set(keys)
+        return parsed_keys(self.session.catalog.conn, self.spider_name, list(keys))
+
+    def filter_start(self, requests: list[Request]) -> list[Request]:
+        """Drop the stored ones among a batch of start requests, with one query
+        (those checked already, by ``crawler.spiderkit.start``, pass as they are)."""
+        if self.session.catalog is None:
+            return requests
+        unchecked = [r for r in requests if not r.meta.get("catalog_checked")]
+        if not unchecked:
+            return requests
+        present = self.session.present([catalog_key(r) for r in unchecked])
+        parsed = self.parsed(present)
+        out = []
+        hits = []
+        for request in requests:
+            meta = request.meta
+            if meta.get("catalog_checked"):
+                out.append(request)
+                continue
+            key = meta["catalog_key"]
+            cached = key in present
+            looked_up(request, cached)
+            if cached and self.policy.when_stored(meta, parsed=key in parsed) is Decision.SKIP:
+                # The hot path of a resumed crawl: logged and counted once per batch.
+                hits.append((meta.get("catalog_url", request.url), key))
+            else:
+                out.append(request)
+        self.actions.cache_hits(hits)
+        return out
+
+    def skip_stored(self, listed: list[tuple[str, str]]) -> tuple[set[str], set[str]] | None:
+        """Of a batch of listed ``(url, key)`` (the URL and key of the GET request a
+        spider would build), the keys that are stored, as ``(skipped, kept)``: the
+        skipped ones are logged as cache hits and counted here, so that no request is
+        built for them; the kept ones are stored pages the policy replays. None when
+        nothing may be skipped here (no catalog open, or the policy does not skip a
+        plain request): build them all."""
+        if self.session.catalog is None or self.policy.when_stored({}) is not Decision.SKIP:
+            return None
+        present = self.session.present([key for _, key in listed])
+        parsed = self.parsed(present)
+        kept = {
+            key
+            for key in present
+            if self.policy.when_stored({}, parsed=key in parsed) is not Decision.SKIP
+        }
+        skipped = present - kept
+        if skipped:
+            self.actions.cache_hits([(url, key) for url, key in listed if key in skipped])
+        return skipped, kept
