@@ -126,6 +126,11 @@ class StorageExtension:
         self._finished: set[int] = set()
         # What the writer had found unchanged at the last count (session.unchanged()).
         self._unchanged = (0, 0)
+        # Rows handed to the writer (fetches stored, 304s refreshed, records made): those
+        # it has not reported committed are the run's storage lag (rows_pending()).
+        self._rows_sent = 0
+        # The run's last error line: (time, URL, what it says), for the live views.
+        self.last_error: tuple[float, str, str] | None = None
 
     @classmethod
     def from_crawler(cls, crawler) -> StorageExtension:
@@ -217,6 +222,15 @@ class StorageExtension:
         duplicates = f"{get('catalog/duplicates', 0):,} duplicates (URLs met again)"
         return f"Outcomes of this run: {counts}; {duplicates}; listed URLs done: {done}."
 
+    def rows_pending(self) -> int:
+        """Rows handed to the writer that it has not reported committed yet: the run's
+        storage lag (a commit comes every CATALOG_BATCH_SIZE rows or
+        CATALOG_FLUSH_SECONDS)."""
+        writer = self.session.writer
+        if writer is None:
+            return 0
+        return max(self._rows_sent - writer.rows_committed, 0)
+
     def _fail(self, message: str) -> None:
         """Log a storage failure once; the crawl stops and exits 1 (``archive/error``)."""
         if self._failed:
@@ -239,6 +253,9 @@ class StorageExtension:
         """One line of the action log, counted (``actions/<outcome>``)."""
         if key is not None and outcome not in NOT_FINAL:
             self._finished.add(hash(key))
+        if outcome == Outcome.ERROR:
+            said = fields.get("error") or f"HTTP {fields.get('status')}"
+            self.last_error = (time.time(), url, str(said))
         self._count(outcome, depth)
         log = self.session.log
         if log is not None:
@@ -499,6 +516,7 @@ class StorageExtension:
             self._fail(str(exc))
             return
         crawler_signals.mark_final(request, Outcome.OK)
+        self._rows_sent += 1
         self._finished.add(hash(fetch.key))
         self._unsettled.stored(fetch.key)
         self._inc("archive/stored")
@@ -546,6 +564,7 @@ class StorageExtension:
         except StoreError as exc:
             self._fail(str(exc))
             return False
+        self._rows_sent += 1
         self._inc("catalog/not_modified")
         self.record(request, Outcome.NOT_MODIFIED, status=304, bytes=0)
         return True
@@ -573,4 +592,5 @@ class StorageExtension:
         except StoreError as exc:
             self._fail(str(exc))
             raise
+        self._rows_sent += 1
         self._inc("archive/made")

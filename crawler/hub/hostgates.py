@@ -616,3 +616,18 @@ class HostGates:
     @property
     def waiting(self) -> int:
         return sum(len(g.waiters) for g in self._gates.values())
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each key's gate now, as plain data for the live views (``extensions/
+        heartbeat.py``): slots held, requests in flight through them, requests
+        waiting, and what holds those back."""
+        return [
+            {
+                "key": gate.key,
+                "slots": len(gate.slots),
+                "in_flight": sum(1 for s in gate.slots if s.busy),
+                "waiting": len(gate.waiters),
+                "reason": self._reason(gate)[0] if gate.waiters else "",
+            }
+            for gate in self._gates.values()
+        ]
