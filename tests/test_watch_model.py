@@ -260,3 +260,21 @@ def test_the_page_names_no_credential_and_carries_its_numbers():
         and 'id="plot-failures"' in html
     )
     assert node_rates(view.every, NOW)["n1"] == [(NOW - 90, 1.0), (NOW - 60, 2.0), (NOW - 30, 1.5)]
+
+
+def test_pages_per_second_per_node_count_the_time_each_process_ran():
+    series = {"step": 30, "t0": NOW - 60, "pages": [60, 30], "errors": [0, 0], "retries": [0, 0]}
+    young = {"step": 30, "t0": NOW - 30, "pages": [30], "errors": [0], "retries": [0]}
+    view = build(
+        snapshot(
+            beat(1, detail={"series": series}),
+            # Started 10 s ago, mid-bucket: its 30 pages came in 10 s, not 30.
+            beat(2, started=NOW - 10, detail={"series": young}),
+            # Dead 40 s ago: its last bucket ran 20 s.
+            beat(3, node="n2", updated=NOW - 40, detail={"series": {**series, "t0": NOW - 90}}),
+        )
+    )
+    assert node_rates(view.every, NOW) == {
+        "n1": [(NOW - 60, 2.0), (NOW - 30, 1.0 + 3.0)],
+        "n2": [(NOW - 90, 2.0), (NOW - 60, 1.5)],
+    }

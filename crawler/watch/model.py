@@ -453,21 +453,20 @@ def proxies(
 def node_rates(
     processes: Iterable[ProcessView], now: float
 ) -> dict[str, list[tuple[float, float]]]:
-    """Pages/s per node over the last hour: (bucket start, pages/s), buckets of the
-    nodes' processes added up."""
+    """Pages/s per node over the last hour: (bucket start, pages/s), the rates of the
+    node's processes added up. A bucket a process started in, or that is still filling,
+    counts over the part of it the process was running."""
     per_node: dict[str, Counter[float]] = {}
-    step = float(hb.SERIES_STEP)
     for p in processes:
         series = p.beat.detail.get("series") or {}
-        step = float(series.get("step") or step)
-        counts = per_node.setdefault(p.beat.node, Counter())
+        step = float(series.get("step") or hb.SERIES_STEP)
+        end = now if p.live else p.beat.updated
+        rates = per_node.setdefault(p.beat.node, Counter())
         for start, count in series_points(series, "pages"):
             if start >= now - hb.SERIES_SPAN:
-                counts[start] += count
-    return {
-        node: [(start, counts[start] / step) for start in sorted(counts)]
-        for node, counts in sorted(per_node.items())
-    }
+                ran = min(start + step, end) - max(start, p.beat.started)
+                rates[start] += count / max(ran, 1.0)
+    return {node: sorted(rates.items()) for node, rates in sorted(per_node.items())}
 
 
 def failure_counts(processes: Iterable[ProcessView], now: float) -> list[tuple[float, int, int]]:

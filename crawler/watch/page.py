@@ -19,6 +19,7 @@ from crawler.report.html import STYLE, bytes_rate_text, cell, figure, size, stat
 from crawler.storage.actionlog import OUTCOMES
 from crawler.watch.model import (
     DEAD,
+    PROBLEMS,
     STATES,
     WAITING,
     JobView,
@@ -31,6 +32,8 @@ from crawler.watch.model import (
 PLOTTED_NODES = 11
 
 LIVE_STYLE = """
+body{max-width:96em}h1{overflow-wrap:anywhere}td.hosts{white-space:nowrap}
+h1{overflow-wrap:anywhere}
 tr.dead,tr.stalled{background:#fde2e1}tr.waiting{background:#fff3cd}tr.finished{color:#777}
 .problems{border-left:4px solid #e76f51;padding:.3em .8em;background:#fdf0ee}
 .problems li{overflow-wrap:anywhere}#status{color:#555;font-size:.9em}
@@ -104,7 +107,12 @@ def tiles(view: JobView) -> str:
     eta_text = "done" if eta == 0 else duration(eta) if eta is not None else "unknown"
     items = [
         ("processes", stat("job:processes", t.processes)),
-        *[(state, stat(f"state:{state}", view.counts.get(state, 0))) for state in STATES],
+        # Dead and stalled always, to be seen at 0 too; the other states when some are.
+        *[
+            (state, stat(f"state:{state}", view.counts.get(state, 0)))
+            for state in STATES
+            if state in PROBLEMS or view.counts.get(state)
+        ],
         ("pages fetched", stat("job:pages", t.pages)),
         ("pages/s now", stat("job:pages_per_s", round(t.pages_per_s, 2), f"{t.pages_per_s:,.1f}")),
         (
@@ -166,26 +174,26 @@ def figures(view: JobView) -> str:
         return ""
     lines = _plotted(rates)
     step = int((view.every[0].beat.detail.get("series") or {}).get("step") or 30)
-    failures = failure_counts(view.every, now)
     slots = {outcome: n for n, outcome in enumerate(OUTCOMES)}
     bins = []
-    for start, errors, retries in failures:
+    for start, errors, retries in failure_counts(view.every, now):
         counts = [0.0] * len(OUTCOMES)
         counts[slots["error"]], counts[slots["retry"]] = errors, retries
         bins.append((start, counts))
-    return (
-        "<h2>The last hour</h2>"
-        + figure(
-            "node-rates",
-            plots.host_rate_figure("node-rates", step, lines, ylabel="pages/s"),
-            "Pages/s per node",
-        )
-        + figure(
+    drawn = figure(
+        "node-rates",
+        plots.host_rate_figure("node-rates", step, lines, ylabel="pages/s"),
+        "Pages/s per node",
+    )
+    if any(any(counts) for _, counts in bins):
+        drawn += figure(
             "failures",
             plots.outcome_figure("failures", step, bins),
             "Errors and retries per second, every node",
         )
-    )
+    else:
+        drawn += '<p id="no-failures" class="note">No errors and no retries in the last hour.</p>'
+    return "<h2>The last hour</h2>" + drawn
 
 
 def _plotted(rates: dict[str, list[tuple[float, float]]]) -> list[tuple[str, list, None]]:
@@ -221,10 +229,16 @@ def process_row(p: ProcessView) -> str:
         f"{cell(f'{key}:pages', beat.pages)}{cell(f'{key}:errors', beat.errors)}"
         f"{cell(f'{key}:bans', beat.bans)}{cell(f'{key}:lag', beat.lag)}"
         f"{cell(f'{key}:rss', beat.rss, size(beat.rss))}"
-        f"<td>{held} held, {waiting} waiting</td><td>{escape(proxies)}</td>"
-        f"<td>{when(beat.updated)}</td><td>{escape(why)}</td>"
+        f'<td class="hosts">{_hosts(held, waiting)}</td><td>{escape(proxies)}</td>'
+        f'<td title="{when(beat.updated)}">{p.age:.0f} s ago</td><td>{escape(why)}</td>'
         f'<td class="text">{escape(p.last_error or "-")}</td></tr>'
     )
+
+
+def _hosts(held: int, waiting: int) -> str:
+    if not held and not waiting:
+        return "-"
+    return f"{held} held" + (f", {waiting} waiting" if waiting else "")
 
 
 def processes(view: JobView) -> str:

@@ -14,6 +14,7 @@ import hmac
 import ipaddress
 import logging
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -81,6 +82,8 @@ class LiveServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        if host in ("0.0.0.0", "::"):  # every address: the one a reader types is the name
+            host = socket.gethostname()
         shown = f"[{host}]" if ":" in str(host) else host
         query = f"?token={self.token}" if self.token else ""
         return f"http://{shown}:{port}/{query}"
