@@ -18,7 +18,7 @@ from typing import IO
 
 from crawler.hub.admin import duration, format_table
 from crawler.hub.errors import HubError
-from crawler.report.html import size
+from crawler.report.html import bytes_rate_text, size
 from crawler.watch.model import (
     DEAD,
     FINISHED,
@@ -45,7 +45,7 @@ def summary_lines(view: JobView) -> list[str]:
     t = view.totals
     lines = [
         view.state_line(),
-        f"pages {t.pages:,} ({t.pages_per_s:,.1f}/s, {size(t.bytes_per_s)}/s); errors "
+        f"pages {t.pages:,} ({t.pages_per_s:,.1f}/s, {bytes_rate_text(t.bytes_per_s)}); errors "
         f"{t.errors:,}, retries {t.retries:,}, bans {t.bans:,}, host waits "
         f"{t.host_waits:,}; storage lag {t.lag:,} rows",
     ]
