@@ -21,7 +21,8 @@ from pathlib import Path
 from crawler.hub import Hub, ProxyPool
 from crawler.hub.heartbeats import Beat, HeartbeatStore
 from crawler.hub.jobs import JobStore
-from tests.conftest import ROOT, crawl_env, kill_group
+from tests import launcher
+from tests.conftest import ROOT, crawl_command, crawl_env, kill_group, write_urls
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 from tests.jobwatch import PERIOD, process_rows, start_crawls, stop, top
 from tests.polling import wait_until
@@ -152,6 +153,35 @@ def test_a_process_whose_only_proxy_is_banned_waits_for_a_proxy(hub_url, site, t
     finally:
         stop(crawls)
         proxy.stop()
+
+
+def test_a_process_whose_pages_never_come_shows_stalled(site, tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    with Hub.open(hub) as opened:
+        JobStore(opened).create("watch", "site", {})
+    urls = write_urls(
+        tmp_path / "urls.txt", [f"{site.base_url}/hold/page/{n}.html" for n in range(20)]
+    )
+    site.hold()  # every page is held: requests on the wire, nothing comes back
+    log = tmp_path / "crawl.log"
+    command = crawl_command(
+        urls, tmp_path / "data", "-s", f"HUB_URL={hub}", "-s", "JOB=watch",
+        "-s", "ROBOTSTXT_OBEY=0", "-s", "CONCURRENT_REQUESTS=2", "-s", "HEARTBEAT_SECONDS=1",
+    )  # fmt: skip
+    proc = launcher.start(command, log=log, cwd=ROOT, env=crawl_env(), new_session=True)
+    try:
+
+        def stalled() -> str | None:
+            text = top(hub, "watch").stdout
+            return text if process_rows(text).get(proc.pid, {}).get("state") == "stalled" else None
+
+        text = wait_until(stalled, "the process to show stalled", timeout=120, proc=proc)
+    finally:
+        site.release()
+        kill_group(proc)
+    problem = [line for line in text.splitlines() if line.startswith("STALLED: ")]
+    assert len(problem) == 1, text
+    assert "0 pages/s over 30 s with" in problem[0] and f":{log}" in problem[0]
 
 
 def test_an_unknown_job_exits_2_with_one_line(tmp_path):

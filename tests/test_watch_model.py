@@ -59,6 +59,8 @@ def test_a_process_is_dead_after_three_periods_without_a_heartbeat():
 
 def test_stalled_is_no_page_over_the_rate_window_with_work_pending():
     assert process_state(beat(1, pages_per_s=0.0), NOW) == STALLED
+    # Skipping stored URLs of its list: moving on, though it fetches nothing.
+    assert process_state(beat(1, pages_per_s=0.0, detail={"list_per_s": 900.0}), NOW) == FETCHING
     assert process_state(beat(1, pages_per_s=0.0, pending=0, state=hb.IDLE), NOW) == IDLE
     # Too young to tell: its rate window is not full yet.
     assert process_state(beat(1, pages_per_s=0.0, started=NOW - 10), NOW) == FETCHING

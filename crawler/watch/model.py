@@ -69,7 +69,9 @@ def process_state(beat: Beat, now: float) -> str:
     if beat.state == hb.WAITING_HOST:
         return WAITING_HOST
     window = float(beat.detail.get("rate_seconds") or RATE_SECONDS)
-    if beat.pages_per_s <= 0 and beat.pending > 0 and beat.updated - beat.started >= window:
+    # A resumed list skipping stored URLs fetches nothing and moves on: not stalled.
+    moving = beat.pages_per_s > 0 or float(beat.detail.get("list_per_s") or 0) > 0
+    if not moving and beat.pending > 0 and beat.updated - beat.started >= window:
         return STALLED
     return IDLE if beat.state == hb.IDLE else FETCHING
 
