@@ -212,7 +212,7 @@ def hub_cost(backend: str, processes: int, period: float, seconds: float, work: 
 
 # --- (b) the crawl's side --------------------------------------------------------------------
 def crawl_cost(pages: int, rounds: int, hub: str, period: float, work: Path) -> list[str]:
-    from benchmarks.bench_crawl import Nginx, make_site
+    from benchmarks.bench_crawl import Nginx, _stats, make_site
     from benchmarks.bench_speed import crawl, median
 
     docs = work / "site"
@@ -225,6 +225,7 @@ def crawl_cost(pages: int, rounds: int, hub: str, period: float, work: Path) -> 
     (work / "outside").mkdir(exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)
     runs: dict[str, list] = {"bare": [], "on": [], "off": []}
+    beats: list[tuple[int, float, float]] = []  # (rows written, reactor CPU, thread CPU)
     schema = None
     load0 = os.getloadavg()
     try:
@@ -245,8 +246,18 @@ def crawl_cost(pages: int, rounds: int, hub: str, period: float, work: Path) -> 
                 args = ["crawl", "site", "-a", f"urls={urls}", "-s", f"DATA_DIR={data}",
                         "-s", f"HUB_URL={hub_url}", "-s", f"HEARTBEAT_ENABLED={enabled}",
                         "-s", f"HEARTBEAT_SECONDS={period}"]  # fmt: skip
-                runs[name].append(crawl(name, args, ROOT, work / "logs" / f"{i}-{name}.log", pages))
+                log = work / "logs" / f"{i}-{name}.log"
+                runs[name].append(crawl(name, args, ROOT, log, pages))
                 shutil.rmtree(data, ignore_errors=True)
+                if enabled:
+                    stats = _stats(log.read_text())
+                    beats.append(
+                        (
+                            stats.get("heartbeat/rows_written", 0),
+                            stats.get("heartbeat/reactor_cpu_seconds", 0.0),
+                            stats.get("heartbeat/thread_cpu_seconds", 0.0),
+                        )
+                    )
             if schema:
                 _drop(schema)
                 schema = None
@@ -267,6 +278,11 @@ def crawl_cost(pages: int, rounds: int, hub: str, period: float, work: Path) -> 
         f"{median(each):.3f} (target >= 0.98); crawl CPU ms/page on "
         f"{median([r.crawl_ms for r in runs['on']]):.3f}, off "
         f"{median([r.crawl_ms for r in runs['off']]):.3f}",
+        "  CPU per beat, measured in the crawl (heartbeat/*_cpu_seconds): reactor "
+        + ", ".join(f"{1000 * r / max(n, 1):.2f}" for n, r, _ in beats)
+        + " ms, writer thread "
+        + ", ".join(f"{1000 * t / max(n, 1):.2f}" for n, _, t in beats)
+        + f" ms ({', '.join(str(n) for n, _, _ in beats)} beats)",
     ]
 
 

@@ -100,7 +100,6 @@ class HeartbeatExtension:
             "job": settings.get("JOB") or "",
             "log": log_file(settings),
         }
-        self.data_dir = os.path.abspath(settings.get("DATA_DIR") or "data")
         self.series = Series()
         self._samples: deque[tuple[float, int, int, int]] = deque()
         self._last = {"pages": 0, "errors": 0, "retries": 0}
@@ -108,6 +107,8 @@ class HeartbeatExtension:
         self._loop = task.LoopingCall(self.beat)
         self.writer = HeartbeatWriter(self._connect, redact_url(self.url))
         self._storage: StorageExtension | None = None
+        self._action_log = ""  # where the views send a reader when there is no log file
+        self.reactor_seconds = 0.0  # CPU the beats took the reactor thread
         self._gates: Any = None
         self._pool: Any = None
 
@@ -135,6 +136,8 @@ class HeartbeatExtension:
 
         self.identity["spider"] = spider.name
         self._storage = StorageExtension.of(self.crawler)
+        if self._storage is not None:
+            self._action_log = str(self._storage.session.datadir.action_log_path.resolve())
         budget = self.crawler.get_downloader_middleware(HostBudgetMiddleware)
         self._gates = getattr(budget, "gates", None)
         self._pool = getattr(
@@ -153,6 +156,9 @@ class HeartbeatExtension:
         )
         stats = self.crawler.stats
         stats.set_value("heartbeat/rows_written", self.writer.written)
+        # What heartbeats cost this process: benchmarks read them.
+        stats.set_value("heartbeat/reactor_cpu_seconds", round(self.reactor_seconds, 4))
+        stats.set_value("heartbeat/thread_cpu_seconds", round(self.writer.cpu_seconds, 4))
         if self.writer.failed:
             stats.set_value("heartbeat/hub_errors", self.writer.failed)
 
@@ -171,7 +177,9 @@ class HeartbeatExtension:
 
     # --- a beat -------------------------------------------------------------------------
     def beat(self) -> None:
+        began = time.thread_time()
         self.writer.offer(self.snapshot())
+        self.reactor_seconds += time.thread_time() - began
 
     def snapshot(self, state: str | None = None, reason: str = "") -> Beat:
         """What the crawl knows now, as plain data (on the reactor thread: cheap)."""
@@ -202,7 +210,7 @@ class HeartbeatExtension:
                 {"host": h, "episodes": int(self._waited[h][0]), "seconds": round(s, 1)}
                 for h, s in top(((h, w[1]) for h, w in self._waited.items()), SHOWN)
             ],
-            "data_dir": self.data_dir,
+            "action_log": self._action_log,
         }
         if reason:
             detail["reason"] = reason

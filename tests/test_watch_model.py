@@ -210,6 +210,8 @@ def test_plain_lines_name_each_process_and_the_log_of_a_dead_one():
             beat(11, pages=120, pages_per_s=3.5, task="77_0"),
             beat(12, updated=NOW - 30, log="/scratch/logs/job_p1.log"),
             beat(13, state=hb.WAITING_PROXY, detail={"proxy_waiting": 16, "proxy_wait_s": 42.0}),
+            # No log file (its stderr a pipe): the action log is the place to look.
+            beat(14, node="n2", updated=NOW - 99, detail={"action_log": "/d/fetch_log.jsonl"}),
         )
     )
     text = plain(view)
@@ -222,6 +224,10 @@ def test_plain_lines_name_each_process_and_the_log_of_a_dead_one():
         and "read n1:/scratch/logs/job_p1.log" in line
         for line in lines
     ), text
+    assert (
+        "DEAD: n2/14 (task -): no heartbeat for 99 s (every 5 s); read n2:/d/fetch_log.jsonl"
+        in text
+    )
     rows = {int(line.split()[1]): line.split() for line in lines if re.match(r"n1\s+\d+\s", line)}
     assert set(rows) == {11, 12, 13}
     assert rows[11][2:5] == ["77_0", "fetching", "3.5"]

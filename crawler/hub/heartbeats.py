@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -268,6 +269,7 @@ class HeartbeatWriter:
         self.store: HeartbeatStore | None = None
         self.written = 0
         self.failed = 0
+        self.cpu_seconds = 0.0  # the thread's own, once it ended: what the beats cost it
         self._cond = threading.Condition()
         self._next: Beat | None = None
         self._closing = False
@@ -310,6 +312,7 @@ class HeartbeatWriter:
                         break
         if self.store is not None:
             self.store.hub.close()
+        self.cpu_seconds = time.thread_time()
 
     def _write(self, beat: Beat) -> None:
         try:

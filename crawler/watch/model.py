@@ -112,12 +112,10 @@ class ProcessView:
         action log."""
         if self.beat.log:
             return f"{self.beat.node}:{self.beat.log}"
-        data = self.beat.detail.get("data_dir")
-        return (
-            f"{self.beat.node}:{data}/fetch_log.jsonl (no log file: stderr was not a file)"
-            if data
-            else "-"
-        )
+        actions = self.beat.detail.get("action_log")
+        if not actions:
+            return "-"
+        return f"{self.beat.node}:{actions} (no log file: its stderr was not a file)"
 
     def why(self) -> str:
         """What makes it stand out, in one line (empty when nothing does)."""
