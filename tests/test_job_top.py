@@ -214,10 +214,9 @@ def test_top_in_a_terminal_redraws_in_place_and_takes_keys(tmp_path):
     hub = f"sqlite:///{tmp_path}/hub.db"
     with Hub.open(hub) as opened:
         store = HeartbeatStore(opened)
-        for pid, node in ((101, "zeta"), (102, "alpha")):
-            store.write(
-                Beat(id=f"{node}/{pid}", node=node, pid=pid, period=3600.0, state="fetching")
-            )
+        # By state, zeta (fetching) comes first; by node, alpha (idle).
+        for pid, node, state in ((101, "zeta", "fetching"), (102, "alpha", "idle")):
+            store.write(Beat(id=f"{node}/{pid}", node=node, pid=pid, period=3600.0, state=state))
     master, slave = pty.openpty()
     import fcntl
     import termios
@@ -250,11 +249,21 @@ def test_top_in_a_terminal_redraws_in_place_and_takes_keys(tmp_path):
         read_until(b"sorted by node")
         os.write(master, b"q")
         assert proc.wait(timeout=30) == 0
+        while select.select([master], [], [], 0.2)[0]:  # the rest of the last drawing
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the child's end is closed: all is read
+                break
+            if not chunk:
+                break
+            seen += chunk
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
         os.close(master)
     text = seen.decode(errors="replace")
+    before = text[text.index("sorted by state") : text.index("sorted by node")]
+    assert before.index("zeta") < before.index("alpha"), "sorted by state"
     after = text[text.rindex("sorted by node") :]
     assert after.index("alpha") < after.index("zeta"), "sorted by node"

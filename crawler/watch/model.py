@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from crawler.hub import heartbeats as hb
+from crawler.hub.admin import duration
 from crawler.hub.heartbeats import RATE_SECONDS, Beat, series_points
 from crawler.hub.redact import redact_url
 from crawler.hub.workqueue import QueueStats
@@ -136,6 +137,13 @@ class ProcessView:
         if self.state == FINISHED:
             return f"finished ({beat.detail.get('reason', '?')})"
         return ""
+
+    def hosts_text(self) -> str:
+        """``3 held, 12 waiting``: hosts it holds slots of, requests waiting for hosts."""
+        held, waiting = self.hosts()
+        if not held and not waiting:
+            return "-"
+        return f"{held} held" + (f", {waiting} waiting" if waiting else "")
 
     def hosts(self) -> tuple[int, int]:
         """(hosts it holds slots of, requests waiting for a host) now: none once it is
@@ -302,6 +310,11 @@ class JobView:
         job = f"job {self.job!r}" if self.job is not None else "every job"
         stamp = datetime.fromtimestamp(self.snapshot.now, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
         return f"{job} in {self.snapshot.hub}, {stamp}"
+
+    def eta_text(self) -> str:
+        if self.eta is None:
+            return "unknown"
+        return "done" if self.eta == 0 else duration(self.eta)
 
     def state_line(self) -> str:
         """``4 processes: 3 fetching, 1 dead``."""

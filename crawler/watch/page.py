@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from html import escape
 
-from crawler.hub.admin import duration
 from crawler.report import plots
 from crawler.report.html import STYLE, bytes_rate_text, cell, figure, size, stat, table, when
 from crawler.storage.actionlog import OUTCOMES
 from crawler.watch.model import (
-    DEAD,
     PROBLEMS,
     STATES,
     WAITING,
@@ -104,7 +102,6 @@ def render_main(view: JobView) -> str:
 def tiles(view: JobView) -> str:
     t = view.totals
     eta = view.eta
-    eta_text = "done" if eta == 0 else duration(eta) if eta is not None else "unknown"
     items = [
         ("processes", stat("job:processes", t.processes)),
         # Dead and stalled always, to be seen at 0 too; the other states when some are.
@@ -124,7 +121,7 @@ def tiles(view: JobView) -> str:
         ("proxy bans", stat("job:bans", t.bans)),
         ("host waits", stat("job:host_waits", t.host_waits)),
         ("rows not yet committed", stat("job:lag", t.lag)),
-        ("ETA", stat("job:eta", -1 if eta is None else round(eta), eta_text)),
+        ("ETA", stat("job:eta", -1 if eta is None else round(eta), view.eta_text())),
     ]
     if t.list_total:
         items.append(
@@ -216,10 +213,9 @@ def process_row(p: ProcessView) -> str:
     beat = p.beat
     key = f"process:{beat.id}"
     kind = "waiting" if p.state in WAITING else p.state.split()[0]
-    held, waiting = p.hosts()
     proxies = ", ".join(p.proxies()) or "-"
     why = p.why()
-    if p.state == DEAD or p.problem:
+    if p.problem:
         why += f"; read {p.log}"
     return (
         f'<tr class="{kind}" data-state="{escape(p.state)}" data-process="{escape(beat.id)}">'
@@ -229,16 +225,10 @@ def process_row(p: ProcessView) -> str:
         f"{cell(f'{key}:pages', beat.pages)}{cell(f'{key}:errors', beat.errors)}"
         f"{cell(f'{key}:bans', beat.bans)}{cell(f'{key}:lag', beat.lag)}"
         f"{cell(f'{key}:rss', beat.rss, size(beat.rss))}"
-        f'<td class="hosts">{_hosts(held, waiting)}</td><td>{escape(proxies)}</td>'
+        f'<td class="hosts">{p.hosts_text()}</td><td>{escape(proxies)}</td>'
         f'<td title="{when(beat.updated)}">{p.age:.0f} s ago</td><td>{escape(why)}</td>'
         f'<td class="text">{escape(p.last_error or "-")}</td></tr>'
     )
-
-
-def _hosts(held: int, waiting: int) -> str:
-    if not held and not waiting:
-        return "-"
-    return f"{held} held" + (f", {waiting} waiting" if waiting else "")
 
 
 def processes(view: JobView) -> str:

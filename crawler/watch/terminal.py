@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO
 
-from crawler.hub.admin import duration, format_table
+from crawler.hub.admin import format_table
 from crawler.hub.errors import HubError
 from crawler.report.html import bytes_rate_text, size
 from crawler.watch.model import (
@@ -56,8 +56,7 @@ def summary_lines(view: JobView) -> list[str]:
         progress.append(
             f"queue {view.snapshot.queue_name!r}: {view.snapshot.queue.progress.line()}"
         )
-    eta = "done" if view.eta == 0 else duration(view.eta) if view.eta is not None else "unknown"
-    lines.append("; ".join([*progress, f"ETA {eta}"]))
+    lines.append("; ".join([*progress, f"ETA {view.eta_text()}"]))
     for p in view.problems:
         lines.append(
             f"{p.state.upper()}: {p.name} (task {p.beat.task or '-'}): {p.why()}; read {p.log}"
@@ -67,7 +66,6 @@ def summary_lines(view: JobView) -> list[str]:
 
 def process_row(p: ProcessView) -> tuple[str, ...]:
     beat = p.beat
-    held, waiting = p.hosts()
     proxies = p.proxies()
     return (
         beat.node,
@@ -81,7 +79,7 @@ def process_row(p: ProcessView) -> tuple[str, ...]:
         f"{beat.bans:,}",
         f"{beat.lag:,}",
         size(beat.rss),
-        f"{held} held, {waiting} waiting" if held or waiting else "-",
+        p.hosts_text(),
         ", ".join(proxies) if proxies else "-",
         f"{p.age:.0f} s ago",
         "" if p.problem else p.why(),  # a problem's line says it above, with its log
