@@ -184,6 +184,36 @@ def test_a_process_whose_pages_never_come_shows_stalled(site, tmp_path):
     assert "0 pages/s over 30 s with" in problem[0] and f":{log}" in problem[0]
 
 
+def test_the_storage_lag_and_the_last_error_of_a_process(site, tmp_path):
+    hub = f"sqlite:///{tmp_path}/hub.db"
+    urls = [f"{site.base_url}/page/{n}.html" for n in range(20)]
+    urls.append(f"{site.base_url}/error/7")  # a 500 every time: retried, then an error
+    urls.append(f"{site.base_url}/hold/page/20.html")  # keeps the crawl running
+    listed = write_urls(tmp_path / "urls.txt", urls)
+    site.hold()
+    # No commit while it runs: every row stored is a row of lag.
+    command = crawl_command(
+        listed, tmp_path / "data", "-s", f"HUB_URL={hub}", "-s", "ROBOTSTXT_OBEY=0",
+        "-s", "HEARTBEAT_SECONDS=1", "-s", "CATALOG_FLUSH_SECONDS=3600",
+        "-s", "CATALOG_BATCH_SIZE=100000",
+    )  # fmt: skip
+    proc = launcher.start(command, log=tmp_path / "crawl.log", cwd=ROOT, env=crawl_env())
+    try:
+
+        def twenty() -> dict | None:
+            row = process_rows(top(hub).stdout).get(proc.pid, {})
+            return row if row.get("pages") == "20" and row.get("errors") == "1" else None
+
+        row = wait_until(twenty, "the 20 pages stored and the error", proc=proc)
+        assert row["lag"] == "20", row
+        assert row["last error"].endswith(f"UTC HTTP 500: {site.base_url}/error/7"), row
+    finally:
+        site.release()
+    assert proc.wait(timeout=120) == 0
+    finished = process_rows(top(hub).stdout)[proc.pid]
+    assert (finished["state"], finished["pages"], finished["lag"]) == ("finished", "21", "0")
+
+
 def test_an_unknown_job_exits_2_with_one_line(tmp_path):
     hub = f"sqlite:///{tmp_path}/hub.db"
     with Hub.open(hub) as opened:

@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from crawler.hub.db import Hub
@@ -188,11 +188,6 @@ def _beat(row: tuple[Any, ...]) -> Beat:
     for name in ("period", "pages_per_s", "bytes_per_s", "started", "updated"):
         values[name] = float(values[name] or 0)
     return Beat(**values)
-
-
-def beat_dict(beat: Beat) -> dict[str, Any]:
-    """A beat as plain data (JSON)."""
-    return asdict(beat)
 
 
 def activity(on_wire: int, proxy_waiting: int, host_waiting: int, pending: int) -> str:
