@@ -26,6 +26,10 @@ SECTIONS = [
     ("Duplicate filter: Scrapy's against the project's", "benchmarks.bench_dupefilter"),
     ("Catalog lookups with 10 million rows (builds it: ~7 min)", "benchmarks.bench_lookup"),
     ("Proxy leases", "benchmarks.bench_proxies"),
+    (
+        "Heartbeats: the hub's cost with 40 processes, a crawl with them on and off",
+        "benchmarks.bench_heartbeats",
+    ),
     ("Re-parse and random access", "benchmarks.bench_reparse"),
     (
         "Re-parse against a plain loop calling the parser (3,000 pages, whole processes)",

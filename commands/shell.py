@@ -41,7 +41,8 @@ def shell_settings(settings, data_dir_free: bool = True) -> dict:
     # Signal handlers can only be set in the main thread; the shell runs its crawler
     # in another. Progress lines would interleave with the console.
     extensions["extensions.stop_signals.StopSignalsExtension"] = None
-    common = {"EXTENSIONS": extensions, "PROGRESS_INTERVAL": 0}
+    # No crawl process to watch: the shell writes no heartbeat to the hub.
+    common = {"EXTENSIONS": extensions, "PROGRESS_INTERVAL": 0, "HEARTBEAT_ENABLED": False}
     if mode == "live":
         return {**common, "HTTPCACHE_ENABLED": False, "ARCHIVE_ENABLED": False}
     middlewares = dict(settings.getdict("DOWNLOADER_MIDDLEWARES"))

@@ -170,6 +170,8 @@ EXTENSIONS = {
     "extensions.stop_signals.StopSignalsExtension": 500,
     "extensions.timer_sweep.TimerSweepExtension": 500,
     "extensions.job_settings.JobSettingsExtension": 500,
+    # A row in the hub per crawl process, for `scrapy job top` and `scrapy job serve`.
+    "extensions.heartbeat.HeartbeatExtension": 500,
     "extensions.callback_cache.CallbackCacheExtension": 500,
     # AutoThrottle with 304s lowering the delay as 200s do (revalidating crawls).
     "scrapy.extensions.throttle.AutoThrottle": None,
@@ -205,6 +207,12 @@ JOB_REFRESH_SECONDS = 60.0
 # goes back to the queue for a later crawl, this many times in all; then it is kept as
 # failed until `scrapy queue requeue NAME`.
 WORK_MAX_ATTEMPTS = 3
+# With a hub, every crawl process writes its heartbeat there every HEARTBEAT_SECONDS:
+# one row per process, updated in place (extensions/heartbeat.py), that
+# `scrapy job top` and `scrapy job serve` show; a process without one for three periods
+# shows as dead. False: no row.
+HEARTBEAT_ENABLED = True
+HEARTBEAT_SECONDS = 5.0
 # Set False to crawl direct even with HUB_URL set.
 PROXY_ENABLED = True
 # A lease runs out this many seconds after its last renewal, so a killed crawl's proxies

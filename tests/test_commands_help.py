@@ -22,7 +22,10 @@ NAMED = {
     + ["- wacz", "- report"],
     "crawl": [f"- {a}=" for a in ("urls", "depth", "summaries", "revalidate", "render", "shard")]
     + [f"- {code}: " for code in (0, 75, 1, 2)],
-    "job": [f"scrapy job {a}" for a in ("create NAME", "set NAME", "list", "show NAME")],
+    "job": [
+        f"scrapy job {a}"
+        for a in ("create NAME", "set NAME", "list", "show NAME", "top [NAME]", "serve [NAME]")
+    ],
     "proxies": [f"scrapy proxies {a}" for a in ("add", "import", "list", "disable|enable")],
     "queue": [f"scrapy queue {a} NAME" for a in ("load", "status", "stats")],
     "reparse": ["scrapy reparse [options] <spider>", "--items-db FILE", "-a NAME=VALUE"],

@@ -37,6 +37,7 @@ RUNS = {
         "docs/how-to/catalog-tools.md",
         "docs/how-to/reading-data.md",
         "docs/how-to/rendering.md",
+        "docs/how-to/watching.md",
     )
 }
 # The pages the runs above include: their sh blocks run unless marked.

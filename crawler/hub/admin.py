@@ -61,7 +61,7 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{float(value):.1f} s"
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     minutes, secs = divmod(int(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {secs:02d} s"
@@ -258,13 +258,13 @@ class QueueAdmin:
             f"URLs: {p.total:,} total, {p.pending:,} pending, {p.leased:,} leased, "
             f"{p.expired:,} under expired leases, {p.done:,} done, {p.failed:,} failed "
             f"for good ({stats.failed:,} failed attempts put back or kept)",
-            f"speed: {stats.rate:,.1f} URLs/s over the last {_duration(stats.window)}; ETA "
+            f"speed: {stats.rate:,.1f} URLs/s over the last {duration(stats.window)}; ETA "
             + (
                 "done"
                 if eta == 0
                 else "unknown (nothing done lately)"
                 if eta is None
-                else _duration(eta)
+                else duration(eta)
             ),  # fmt: skip
         ]
         if stats.held_by_host:

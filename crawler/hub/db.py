@@ -400,6 +400,15 @@ class Hub:
         """The schema version recorded in *version_table* (0: none yet)."""
         return self.query(f"SELECT MAX(version) FROM {version_table}")[0][0] or 0
 
+    def has_table(self, name: str) -> bool:
+        """Whether the hub holds table *name* (on PostgreSQL, in the search path): a
+        reader that must not create tables asks before it reads one."""
+        if self.dialect.name == "sqlite":
+            sql = "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = ?"
+        else:
+            sql = "SELECT CASE WHEN to_regclass(?) IS NULL THEN 0 ELSE 1 END"
+        return bool(self.query(sql, (name,))[0][0])
+
 
 def _sqlite_path(url: str) -> Path:
     path = url[len("sqlite:///") :]

@@ -698,9 +698,17 @@ class HostGates:
     def waiting(self) -> int:
         return sum(len(g.waiters) for g in self._gates.values())
 
-    def snapshot(self) -> dict[str, Any]:
-        """What the gates hold and wait on now, as plain data (for a live view)."""
-        return {
-            "held": sorted(k for k, g in self._gates.items() if g.slots),
-            "waiting": {k: len(g.waiters) for k, g in self._gates.items() if g.waiters},
-        }
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each key's gate now, as plain data for the live views (``extensions/
+        heartbeat.py``): slots held, requests in flight through them, requests
+        waiting, and what holds those back."""
+        return [
+            {
+                "key": gate.key,
+                "slots": len(gate.slots),
+                "in_flight": gate.in_flight,
+                "waiting": len(gate.waiters),
+                "reason": self._reason(gate)[0] if gate.waiters else "",
+            }
+            for gate in self._gates.values()
+        ]

@@ -28,3 +28,5 @@ class AdvisoryLock(IntEnum):
     # Leasing a batch of a work queue split by domain or host: one lease at a time
     # checks who holds a unit, so that no unit gets more holders than it allows.
     WORK_UNIT_LEASE = 7302519006
+    # Creating or upgrading the heartbeat table.
+    HEARTBEAT_SCHEMA = 7302519007

@@ -357,6 +357,29 @@ class ProxyPool:
         return self.store.release_many(ends, policy or RestPolicy())
 
 
+def recent_bans(hub: Hub, since: float) -> list[dict[str, Any]]:
+    """Bans and requests per proxy and lease holder (host, pid) over the leases live
+    or ended since the hub time *since*, with each proxy's state now: what the live
+    views list as the proxies most banned. Reads the tables as they are, creating and
+    upgrading nothing (call it when the hub has ``hub_proxies``)."""
+    rows = hub.query(
+        "SELECT p.id, p.url, CASE WHEN p.enabled = 0 THEN 'disabled' "
+        "WHEN p.state = 'leased' AND p.lease_expires >= NOW() THEN 'leased' "
+        "WHEN p.state <> 'leased' AND p.resting_until > NOW() THEN p.state "
+        "ELSE 'free' END, u.host, u.pid, SUM(u.bans), SUM(u.requests) "
+        "FROM hub_proxy_usage u JOIN hub_proxies p ON p.id = u.proxy_id "
+        "WHERE u.ended IS NULL OR u.ended >= ? "
+        "GROUP BY p.id, p.url, p.enabled, p.state, p.lease_expires, p.resting_until, "
+        "u.host, u.pid",
+        (since,),
+    )
+    keys = ("id", "label", "state", "host", "pid", "bans", "requests")
+    return [
+        dict(zip(keys, (id_, redact_url(url), state, host, int(pid), int(b), int(r)), strict=True))
+        for id_, url, state, host, pid, b, r in rows
+    ]
+
+
 def _check_reason(reason: str) -> None:
     if reason not in END_REASONS:
         raise ValueError(f"release reason {reason!r} is not one of {END_REASONS}")

@@ -226,11 +226,14 @@ def lease_figure(name: str, proxies: list[tuple[str, list[tuple[float, float, st
 
 
 def host_rate_figure(
-    name: str, width: int, hosts: list[tuple[str, list[tuple[float, float]], float | None]]
+    name: str,
+    width: int,
+    hosts: list[tuple[str, list[tuple[float, float]], float | None]],
+    ylabel: str = "requests/s",
 ) -> str:
     """Requests per second over time, one line per host, each with its limit dashed in
     the same colour. *hosts* holds (host, [(bin start epoch, requests/s)], limit), in
-    bins *width* seconds wide."""
+    bins *width* seconds wide. (The live page draws pages/s per node with it.)"""
     canvas = Canvas(name)
     ax = canvas.axes[0]
     for index, (host, series, limit) in enumerate(hosts):
@@ -242,7 +245,7 @@ def host_rate_figure(
         canvas.mark(ax.step(when, values + values[-1:], where="post", label=host, color=colour))
         if limit:
             canvas.mark(ax.axhline(limit, linestyle="--", linewidth=1, color=colour))
-    ax.set_ylabel("requests/s")
+    ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     _time_axis(ax)
     _legend(canvas, ax)

@@ -21,6 +21,9 @@ class RunCounts:
 
     def __init__(self) -> None:
         self._counts: dict[str, int] = {}
+        # Rows handed to the writer (fetches stored, 304s refreshed, records made): those
+        # it has not reported committed are the run's storage lag.
+        self.rows_sent = 0
         self._finished: set[int] = set()
         # What the writer had found unchanged at the last count (see :meth:`unchanged`).
         self._unchanged = (0, 0)

@@ -10,6 +10,7 @@ rows are committed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from scrapy import Request
@@ -30,6 +31,8 @@ class ActionRecorder:
         self.counts = counts
         self._fail = fail
         self._log_failed = False
+        # The run's last error line: (time, URL, what it says), for the live views.
+        self.last_error: tuple[float, str, str] | None = None
 
     def on_signal(self, signal=None, sender=None, **kwargs) -> None:
         """The project's ``action`` signal (crawler/signals.py): a line to write."""
@@ -47,6 +50,8 @@ class ActionRecorder:
         if outcome == Outcome.ERROR:
             kind = error_kind(fields.get("error"), fields.get("status"))
             self.counts.inc(f"actions/error/{kind}")
+            said = fields.get("error") or f"HTTP {fields.get('status')}"
+            self.last_error = (time.time(), url, str(said))
         log = self.session.log
         if log is not None:
             self.append(log.write, url, key, outcome, **fields)

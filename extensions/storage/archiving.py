@@ -70,6 +70,7 @@ class Archiver:
         counts = self.counts
         counts.finished(fetch.key)
         self.waits.stored(fetch.key)
+        counts.rows_sent += 1
         counts.inc("archive/stored")
         counts.inc("archive/stored_bytes", size)
         counts.outcome(Outcome.OK, listed)
@@ -81,6 +82,7 @@ class Archiver:
         except StoreError as exc:
             self._fail(str(exc))
             return False
+        self.counts.rows_sent += 1
         self.counts.inc("catalog/not_modified")
         self.actions.record(request, Outcome.NOT_MODIFIED, status=304, bytes=0)
         return True
@@ -102,6 +104,7 @@ class Archiver:
         except StoreError as exc:
             self._fail(str(exc))
             raise
+        self.counts.rows_sent += 1
         self.counts.inc("archive/made")
 
     def replay(self, request: Request, row: Row) -> Response | None:

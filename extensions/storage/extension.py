@@ -104,6 +104,20 @@ class StorageExtension:
         except RuntimeError:  # asked before Scrapy built the extensions
             return None
 
+    def rows_pending(self) -> int:
+        """Rows handed to the writer that it has not reported committed yet: the run's
+        storage lag (a commit comes every CATALOG_BATCH_SIZE rows or
+        CATALOG_FLUSH_SECONDS)."""
+        writer = self.session.writer
+        if writer is None:
+            return 0
+        return max(self.counts.rows_sent - writer.rows_committed, 0)
+
+    @property
+    def last_error(self) -> tuple[float, str, str] | None:
+        """The run's last error line: (time, URL, what it says)."""
+        return self.actions.last_error
+
     # -- life cycle ----------------------------------------------------------------
 
     def start_writer(self) -> None:
