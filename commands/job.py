@@ -100,8 +100,8 @@ class Command(CheckedSettings, ScrapyCommand):
 
     def run(self, args: list[str], opts: argparse.Namespace) -> None:
         # (The hub here, not at the top: see commands/proxies.py.)
+        from crawler.admin import JobAdmin
         from crawler.hub import Hub, HubError
-        from crawler.hub.admin import JobAdmin
         from crawler.hub.db import hub_url
         from crawler.hub.jobchecks import JobSettingError, check_settings
         from crawler.hub.jobs import parse_assignments

@@ -12,7 +12,7 @@ from scrapy.exceptions import UsageError
 from crawler.cli import CheckedSettings, pick_action, tidy_parser
 
 if TYPE_CHECKING:
-    from crawler.hub.admin import ProxyAdmin
+    from crawler.admin import ProxyAdmin
 
 ACTIONS = ("add", "import", "list", "disable", "enable", "unban", "stats")
 
@@ -65,8 +65,8 @@ class Command(CheckedSettings, ScrapyCommand):
             )
         # The hub here, not at the top: Scrapy imports every command's module to run any
         # one of them, and most commands have no use for the hub.
+        from crawler.admin import ProxyAdmin, ProxyFileError
         from crawler.hub import Hub, HubError, ProxyPool
-        from crawler.hub.admin import ProxyAdmin, ProxyFileError
         from crawler.hub.db import hub_url
         from crawler.hub.errors import InvalidProxyURLError
 

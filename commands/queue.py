@@ -9,7 +9,7 @@ from scrapy.commands import ScrapyCommand
 from scrapy.exceptions import UsageError
 
 from crawler.cli import CheckedSettings, pick_action, say_on_stderr, tidy_parser
-from crawler.spiderkit.partition import MODES, PartitionError, check_mode
+from crawler.partition import MODES, PartitionError, check_mode
 
 ARGUMENTS = {"load": 2, "status": 1, "stats": 1, "requeue": 1}
 
@@ -63,8 +63,8 @@ class Command(CheckedSettings, ScrapyCommand):
         if len(rest) != ARGUMENTS[action]:
             raise UsageError(f"`queue {action}` takes {ARGUMENTS[action]} argument(s)")
         # (The hub here, not at the top: see commands/proxies.py.)
+        from crawler.admin import QueueAdmin
         from crawler.hub import Hub, HubError
-        from crawler.hub.admin import QueueAdmin
         from crawler.hub.db import hub_url
         from crawler.hub.workqueue import unit_holders
 

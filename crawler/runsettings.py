@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from crawler.hub.redact import redact_url
+from crawler.redact import redact_url
 
 # These names, and every name with these prefixes.
 SETTING_PREFIXES = (

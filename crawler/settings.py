@@ -24,7 +24,7 @@ AUTOTHROTTLE_MAX_DELAY = 30.0
 # How a list is split between crawl processes (-a shard=, Slurm tasks, work queues):
 # "domain" (registered domain), "host" or "url". With "domain" or "host" one process
 # at a time fetches a site, so the limits above hold for the site, not per process
-# (crawler/spiderkit/partition.py).
+# (crawler/partition.py).
 CRAWL_PARTITION = "domain"
 
 # Scrapy starts CONCURRENT_ITEMS tasks per response; one is plenty for the small

@@ -221,7 +221,7 @@ class HostBudgetMiddleware:
 
     async def spider_closed(self) -> None:
         stats = self.crawler.stats
-        stats.set_value("host/hub_calls", self.gates.hub_calls)
+        stats.set_value("host/hub_calls", self.gates.calls.made)
         stats.set_value("host/gate_waits", self._waited)
         stats.set_value("host/gate_wait_seconds", round(self._wait_seconds, 3))
         stats.set_value("host/idle_fetch_seconds", round(self.gates.idle_seconds, 3))

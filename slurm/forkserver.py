@@ -124,7 +124,7 @@ def preload() -> str:
 def warm_up() -> None:
     """Load what every crawl loads on its first use of it: the Public Suffix List that
     the domain partition reads (~0.1 s of CPU a process)."""
-    from crawler.spiderkit.domains import registered_domain
+    from crawler.domains import registered_domain
 
     registered_domain("www.example.com")
 

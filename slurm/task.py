@@ -46,7 +46,7 @@ import sys
 from pathlib import Path
 
 from crawler.helptext import ToolHelpFormatter
-from crawler.spiderkit.partition import MODES
+from crawler.partition import MODES
 from slurm.queue import run_queue
 from slurm.runner import TaskConfig, TaskRunner
 

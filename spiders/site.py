@@ -31,9 +31,9 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import task
 from twisted.internet.threads import deferToThread
 
-from crawler.spiderkit.domains import registered_domain
+from crawler.domains import registered_domain
+from crawler.partition import PartitionError, check_mode
 from crawler.spiderkit.parsers import hrefs, page_summary
-from crawler.spiderkit.partition import PartitionError, check_mode
 from crawler.spiderkit.start import BATCH as START_BATCH
 from crawler.spiderkit.start import listed_requests
 from crawler.spiderkit.urls import UrlList, parse_shard

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from crawler.spiderkit.domains import registered_domain
+from crawler.domains import registered_domain
 from tests.checks import rows_by_url
 from tests.conftest import run_crawl, write_urls
 

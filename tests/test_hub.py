@@ -78,7 +78,7 @@ NO_SCRAPY = """
                 raise ImportError(f"{name} is blocked")
 
     sys.meta_path.insert(0, Blocked())
-    import crawler.hub, crawler.hub.admin, crawler.hub.leases
+    import crawler.hub, crawler.admin, crawler.hub.leases
     print("imported")
 """
 

@@ -10,8 +10,8 @@ import time
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from crawler.admin import JobAdmin
 from crawler.hub import Hub, ProxyPool
-from crawler.hub.admin import JobAdmin
 from crawler.hub.jobs import JobError, JobStore, parse_assignments
 from spiders.site import SiteSpider
 from tests.conftest import start_crawl, write_urls

@@ -12,7 +12,7 @@ import pytest
 from scrapy.exceptions import UsageError
 from scrapy.utils.defer import deferred_f_from_coro_f
 
-from crawler.spiderkit.partition import (
+from crawler.partition import (
     PartitionError,
     check_mode,
     partition_unit,
@@ -48,7 +48,7 @@ def test_the_unit_of_a_url_by_mode():
 
 def test_the_hash_is_the_same_in_every_process():
     # Python's hash() of a string differs per process: shards would not agree.
-    code = "from crawler.spiderkit.partition import stable_hash; print(stable_hash('bbc.co.uk'))"
+    code = "from crawler.partition import stable_hash; print(stable_hash('bbc.co.uk'))"
     other = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                            text=True, check=True, env={"PYTHONHASHSEED": "random"})  # fmt: skip
     assert int(other.stdout) == stable_hash("bbc.co.uk") == 9755168957875053428

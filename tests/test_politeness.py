@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from crawler.domains import registered_domain
 from crawler.hub import Hub, WorkQueue
-from crawler.spiderkit.domains import registered_domain
 from tests.conftest import ROOT, kill_group, write_urls
 from tests.hostservers import HostServers
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture

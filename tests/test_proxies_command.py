@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from scrapy.settings import Settings
 
+from crawler.admin import ProxyAdmin, ProxyFileError, read_proxy_file
 from crawler.hub import Holder, Hub, HubError, ProxyPool, RestPolicy, UsageCounts
 from crawler.hub import db as hub_db
-from crawler.hub.admin import ProxyAdmin, ProxyFileError, read_proxy_file
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 HOLDER = Holder("node9", 9)

@@ -101,3 +101,47 @@ def test_storage_modules_import_each_other_without_a_cycle():
 
     for module in sorted(modules):
         visit(module, [])
+
+
+# Imports go down (docs/design/layout.md): each group of modules, and what none of them
+# may load, even lazily (every import in the file counts, not only those at the top).
+LAYERS = {
+    "crawler.hub": ("scrapy", "twisted", "crawler.spiderkit", "middlewares", "extensions"),
+    "crawler.storage": ("crawler.hub", "crawler.spiderkit", "scrapy", "twisted"),
+    "crawler.politeness": ("crawler.hub", "crawler.storage", "scrapy", "twisted"),
+    "crawler.partition": ("crawler.hub", "crawler.spiderkit", "scrapy", "twisted"),
+    "crawler.domains": ("crawler.hub", "crawler.spiderkit", "scrapy", "twisted"),
+    "crawler.redact": ("crawler.hub", "crawler.storage", "scrapy", "twisted"),
+}
+
+
+def package_files(name: str) -> list[Path]:
+    path = ROOT / name.replace(".", "/")
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+
+
+def every_import(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_imports_only_go_down():
+    wrong = []
+    for layer, blocked in LAYERS.items():
+        for path in package_files(layer):
+            for name in every_import(path):
+                if any(name == b or name.startswith(f"{b}.") for b in blocked):
+                    wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert wrong == []
+
+
+def test_the_layer_check_sees_a_wrong_import(tmp_path):
+    """The check above can fail: a hub module importing Scrapy is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from scrapy.exceptions import UsageError\n")
+    assert "scrapy.exceptions" in every_import(bad)

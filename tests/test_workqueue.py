@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from crawler.admin import QueueAdmin
 from crawler.hub import Hub
-from crawler.hub.admin import QueueAdmin
 from crawler.hub.workqueue import (
     WORK_SCHEMA_VERSION,
     WorkQueue,

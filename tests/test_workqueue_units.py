@@ -11,9 +11,9 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from crawler.domains import registered_domain
 from crawler.hub import Hub
 from crawler.hub.workqueue import WorkQueue, WorkQueueError
-from crawler.spiderkit.domains import registered_domain
 from tests.hubs import hub_url, scrapy_with_hub  # noqa: F401 - hub_url: a fixture
 
 SITES = ["www.alpha.com", "shop.alpha.com", "beta.co.uk", "gamma.org"]

@@ -1,7 +1,7 @@
 """The hub: shared crawl state in a database (SQLite, or PostgreSQL for many nodes).
 
 - ``db``: ``HUB_URL``, connections, dialects, transactions, schema versions.
-- ``redact``: credentials out of sight; proxy URLs checked.
+- ``redact``: proxy URLs checked (the redaction itself: ``crawler/redact.py``).
 - ``identity``: who holds a lease (host, pid, Slurm job/task).
 - ``locks``: every PostgreSQL advisory lock key, in one registry.
 - ``proxies``: the proxy pool table: managing it, usage; picks the backend's lease store.
@@ -11,9 +11,10 @@
 - ``workqueue``: URL lists that tasks lease in batches (queue mode).
 - ``hostbudget``: per-host request interval, concurrency and back-off shared by every
   process (host slots), and robots.txt fetched once per cluster.
-- ``admin``: what ``scrapy proxies`` and ``scrapy queue`` run.
+- ``runner``: the thread hub calls run in, and the clock, for the crawl's clients.
 
-No Scrapy in here: tools, tests and benchmarks use the hub directly.
+No Scrapy, Twisted or spider code in here: tools, tests and benchmarks use the hub
+directly (``crawler/admin.py`` holds what the hub's commands run).
 """
 
 from crawler.hub.db import Hub

@@ -31,7 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from crawler.hub.errors import HubError, HubUnavailableError, InvalidHubURLError
-from crawler.hub.redact import redact_text, redact_url
+from crawler.redact import redact_text, redact_url
 
 Params = Sequence[Any]
 # A migration's statement: for every dialect, or (dialect name, statement) for one.

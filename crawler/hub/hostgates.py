@@ -47,6 +47,7 @@ from crawler.hub.hostbudget import (
     Renewal,
     stretch_length,
 )
+from crawler.hub.hostcalls import HostCalls
 from crawler.hub.leases import Clock, Runner, Timer
 from crawler.politeness import HostBackoffs
 
@@ -184,16 +185,19 @@ class HostGates:
         # The wait after a request of a key with an interval (jitter lengthens it).
         self.gap = gap or (lambda interval: interval)
         self._gates: dict[str, _Gate] = {}
-        self._asks: dict[str, _Gate] = {}  # the gates whose asks gather
-        self._releases: list[tuple[int, float | None]] = []
-        self._busy = False  # a hub call is out
-        self._gathering: float | None = None  # since when asks or releases wait
-        self._batch_timer: Timer | None = None
-        self._queue: deque[Callable[[], None]] = deque()
-        self._beat: Timer | None = None
+        self.hub = GateHub(self)
+        self.calls = HostCalls(
+            store,
+            holder,
+            config.ttl,
+            clock,
+            runner,
+            self.hub,
+            config.batch_seconds,
+            config.batch_max,
+        )
         self.closed = False
         self.stopping = False  # the crawl is closing: no request waits for a slot
-        self.hub_calls = 0
         # Requests waiting at a gate; those let through and not finished, at most
         # max_in_flight (0: no limit); the gates that could let one go but for that.
         self.parked = 0
@@ -271,7 +275,9 @@ class HostGates:
     def back_off(self, key: str, seconds: float, reason: str) -> None:
         """The host said to wait *seconds*: the hub is told, then this process's slots
         of the key go back (those in flight once their requests end)."""
-        self._call(lambda: self.store.back_off(key, seconds, reason), lambda _: None, "backing off")
+        self.calls.call(
+            lambda: self.store.back_off(key, seconds, reason), lambda _: None, "backing off"
+        )
         self.backoffs.set(key, self.clock.now() + seconds, reason, self.clock.now())
         gate = self._gates.get(key)
         if gate is None:
@@ -321,7 +327,7 @@ class HostGates:
             ask_at = max(gate.retry_at, backoff)
             if wake is None and not gate.asking:
                 if now >= ask_at:
-                    self._ask(gate)
+                    self.hub.ask(gate)
                 else:
                     wake = ask_at
             self._wake_at(gate, wake)
@@ -360,6 +366,7 @@ class HostGates:
         """Release the slots that have nothing left to give, or were not needed for
         ``linger_seconds``; return when the next idle one is due to go."""
         keep = []
+        released: list[tuple[int, float | None]] = []
         due: float | None = None
         for slot in gate.slots:
             if slot.busy:
@@ -375,7 +382,7 @@ class HostGates:
                 else:
                     due = idle_end if due is None else min(due, idle_end)
             if spent:
-                self._releases.append(slot.release_item(now))
+                released.append(slot.release_item(now))
                 if not slot.used and gate.waiters:
                     # Given and not usable (its times past before they came): not asked
                     # for again at once, or the hub would be asked in a loop.
@@ -383,8 +390,7 @@ class HostGates:
             else:
                 keep.append(slot)
         gate.slots = keep
-        if self._releases:
-            self._flush()
+        self.calls.release(released)
         return due
 
     def _count_idle(self) -> None:
@@ -447,22 +453,94 @@ class HostGates:
         if not gate.slots and not gate.asking and gate.timer is None and not gate.in_flight:
             self._gates.pop(gate.key, None)
 
-    @staticmethod
-    def _fit_share(gate: _Gate, share: int) -> None:
-        """Keep no more units of *gate* than its *share* (other processes wait for the
-        key): the idle ones go back first, the others once their requests end."""
-        gate.share = share
-        units = [s for s in gate.slots if not s.stretch and not s.retired]
-        for slot in sorted(units, key=lambda s: s.busy)[: max(len(units) - share, 0)]:
-            slot.retired = True
+    def start(self) -> None:
+        """Renew the slots held every third of their TTL."""
+        self.hub.start()
 
-    # --- the hub ------------------------------------------------------------------------
-    def _ask(self, gate: _Gate) -> None:
+    # --- closing ------------------------------------------------------------------------
+    def stop_waiting(self) -> None:
+        """The crawl is closing: requests waiting for a slot are called with none at once
+        (they were never sent: the next run fetches them), and so is any that asks from
+        now on; requests in flight keep their slots until they end."""
+        self._count_idle()
+        self.stopping = True
+        for go in self._take_waiters(self.clock.now()):
+            go(None)
+
+    def close(self, done: Callable[[], None]) -> None:
+        """Give every slot back and leave every key's line; *done* once the hub has
+        been told (or failed to be). Requests still waiting are called with no slot."""
+        now = self.clock.now()
+        waiting = self._take_waiters(now)
+        for gate in self._gates.values():
+            self.calls.release([s.release_item(now) for s in gate.slots])
+            gate.slots = []
+        self.hub.stop()
+        self.closed = True
+        self.calls.close(True, done)
+        for go in waiting:
+            go(None)
+
+    def _take_waiters(self, now: float) -> list[Callable[[Any], None]]:
+        """Every waiting request's callback, taken from its gate (whose timer stops and
+        whose wait episode is told); the caller calls them once its state is settled."""
+        waiting: list[Callable[[Any], None]] = []
+        for gate in list(self._gates.values()):  # a told episode may end its gate
+            if gate.timer is not None and gate.timer.active():
+                gate.timer.cancel()
+            gate.timer = None
+            waiting.extend(go for _, go in gate.waiters)
+            self.parked -= len(gate.waiters)
+            gate.waiters.clear()
+            self._episode_over(gate, now)
+        self._blocked.clear()
+        return waiting
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Each key's gate now, as plain data for the live views (``extensions/
+        heartbeat.py``): slots held, requests in flight through them, requests
+        waiting, and what holds those back."""
+        return [
+            {
+                "key": gate.key,
+                "slots": len(gate.slots),
+                "in_flight": gate.in_flight,
+                "waiting": len(gate.waiters),
+                "reason": self._reason(gate)[0] if gate.waiters else "",
+            }
+            for gate in self._gates.values()
+        ]
+
+
+class GateHub:
+    """The gates' dealings with the hub: asks made as their call goes (so that the
+    requests that came meanwhile count), answers and renewals turned into slots,
+    shares and back-offs. :class:`HostCalls` sends what it asks."""
+
+    def __init__(self, gates: HostGates) -> None:
+        self.gates = gates
+        self._beat: Timer | None = None
+
+    def stop(self) -> None:
+        if self._beat is not None and self._beat.active():
+            self._beat.cancel()
+
+    def ask(self, gate: _Gate) -> None:
         if self._wanted(gate) is None:
             return
         gate.asking = True
-        self._asks[gate.key] = gate
-        self._flush()
+        self.gates.calls.ask(gate.key)
+
+    def wanted(self, key: str) -> HostAsk | None:
+        """What the call going now asks for *key* (``HostCalls`` asks when it sends)."""
+        gate = self.gates._gates.get(key)
+        ask = self._wanted(gate) if gate is not None else None
+        if ask is None and gate is not None:
+            gate.asking = False
+        return ask
+
+    def failed(self, error: Exception, doing: str) -> None:
+        self.gates.events.hub_failed(error, doing)
 
     def _wanted(self, gate: _Gate) -> HostAsk | None:
         """What to ask the hub for *gate* now (None: nothing): made when the call goes,
@@ -474,13 +552,15 @@ class HostGates:
             held = [s for s in gate.slots if s.stretch]
             if any(s.retired for s in held):
                 return None
-            now = self.clock.now()
+            now = self.gates.clock.now()
             left = sum(
-                s.slot.count - s.used for s in held if self._next_send(gate, s, now) is not None
+                s.slot.count - s.used
+                for s in held
+                if self.gates._next_send(gate, s, now) is not None
             )
             if held and left >= len(gate.waiters):
                 return None
-            count = stretch_length(gate.interval, self.config.slot_seconds, len(gate.waiters))
+            count = stretch_length(gate.interval, self.gates.config.slot_seconds, len(gate.waiters))
             return HostAsk(gate.key, gate.interval, gate.concurrency, count=count, slots=1)
         free = sum(1 for s in gate.slots if not s.busy and not s.retired)
         most = min(gate.concurrency, gate.share or gate.concurrency)
@@ -489,93 +569,13 @@ class HostGates:
             return None
         return HostAsk(gate.key, 0.0, gate.concurrency, count=1, slots=wanted)
 
-    def _flush(self) -> None:
-        """Send what has gathered, one call at a time: calls made in order at once,
-        asks and releases once they gathered for ``batch_seconds`` (or ``batch_max``
-        asks wait)."""
-        while not self._busy and (self._queue or self._batch_due()):
-            self._flush_one()
-        if self._busy or not (self._releases or self._asks) or self._gathering is None:
-            return
-        if self._batch_timer is None or not self._batch_timer.active():
-            wait = self._gathering + self.config.batch_seconds - self.clock.now()
-            self._batch_timer = self.clock.call_later(max(wait, 0.0), self._flush)
-
-    def _batch_due(self) -> bool:
-        if not (self._releases or self._asks):
-            return False
-        now = self.clock.now()
-        if self._gathering is None:
-            self._gathering = now
-        return (
-            self.closed
-            or len(self._asks) >= self.config.batch_max
-            or now >= self._gathering + self.config.batch_seconds
-        )
-
-    def _flush_one(self) -> None:
-        # Calls made in order first (a back-off before the release of the slot that
-        # met it), then releases and asks in one call, the releases first.
-        if self._queue:
-            self._queue.popleft()()
-            return
-        releases, self._releases = self._releases, []
-        gathered, self._asks = list(self._asks.values()), {}
-        asks = []
-        for gate in [] if self.closed else gathered:
-            ask = self._wanted(gate)
-            if ask is None:
-                gate.asking = False
-            else:
-                asks.append(ask)
-        self._gathering = None
-        if not asks:
-            if releases:
-                self._send(lambda: self.store.release(releases), lambda _: None, "releasing slots")
-            return
-        sent = self.clock.now()
-        self._send(
-            lambda: self.store.exchange(releases, asks, self.holder, self.config.ttl),
-            lambda answers: self._answered(answers, sent),
-            "taking host slots",
-            lambda: self._not_answered(asks),
-        )
-
-    def _call(self, fn: Callable[[], Any], done: Callable[[Any], None], doing: str) -> None:
-        """A call that goes in order with the asks and releases."""
-        self._queue.append(lambda: self._send(fn, done, doing))
-        self._flush()
-
-    def _send(
-        self,
-        fn: Callable[[], Any],
-        done: Callable[[Any], None],
-        doing: str,
-        failed: Callable[[], None] | None = None,
-    ) -> None:
-        self._busy = True
-        self.hub_calls += 1
-
-        def ok(result: Any) -> None:
-            self._busy = False
-            done(result)
-            self._flush()
-
-        def bad(error: Exception) -> None:
-            self._busy = False
-            self.events.hub_failed(error, doing)
-            if failed is not None:
-                failed()
-            self._flush()
-
-        self.runner.run(fn, ok, bad)
-
-    def _answered(self, answers: list[HostAnswer], sent: float) -> None:
-        now = self.clock.now()
+    def answered(self, answers: list[HostAnswer], sent: float) -> None:
+        """The hub's answers to the asks sent at *sent*."""
+        now = self.gates.clock.now()
         for answer in answers:
-            gate = self._gates.get(answer.key)
-            if gate is None or self.closed:
-                self._releases.extend((s.slot_id, None) for s in answer.slots)
+            gate = self.gates._gates.get(answer.key)
+            if gate is None or self.gates.closed:
+                self.gates.calls.release([(s.slot_id, None) for s in answer.slots])
                 continue
             gate.asking, gate.queued = False, answer.queued
             self._fit_share(gate, answer.share)
@@ -597,118 +597,63 @@ class HostGates:
                 extended.expires = max(extended.expires, sent + slot.ttl)
             if answer.backoff_in > 0:
                 reason = answer.backoff_reason or "told by the hub"
-                self.backoffs.set(answer.key, now + answer.backoff_in, reason, now)
+                self.gates.backoffs.set(answer.key, now + answer.backoff_in, reason, now)
             if not grown:
-                gate.retry_at = now + min(max(answer.retry_in, MIN_RETRY), self.config.poll_seconds)
-            self._dispatch(gate)
-        if self._releases:
-            self._flush()
+                gate.retry_at = now + min(
+                    max(answer.retry_in, MIN_RETRY), self.gates.config.poll_seconds
+                )
+            self.gates._dispatch(gate)
 
-    def _not_answered(self, asks: list[HostAsk]) -> None:
-        now = self.clock.now()
+    def not_answered(self, asks: list[HostAsk]) -> None:
+        now = self.gates.clock.now()
         for ask in asks:
-            gate = self._gates.get(ask.key)
+            gate = self.gates._gates.get(ask.key)
             if gate is not None:
                 gate.asking = False
-                gate.retry_at = now + self.config.poll_seconds
-                self._dispatch(gate)
+                gate.retry_at = now + self.gates.config.poll_seconds
+                self.gates._dispatch(gate)
 
-    # --- renewals -----------------------------------------------------------------------
     def start(self) -> None:
-        self._beat = self.clock.call_later(self.config.heartbeat, self._heartbeat)
+        self._beat = self.gates.clock.call_later(self.gates.config.heartbeat, self._heartbeat)
 
     def _heartbeat(self) -> None:
         self._beat = None
-        if self.closed:
+        if self.gates.closed:
             return
-        held = {s.slot.slot_id: s for g in self._gates.values() for s in g.slots}
-        sent = self.clock.now()
+        held = {s.slot.slot_id: s for g in self.gates._gates.values() for s in g.slots}
+        sent = self.gates.clock.now()
 
         def renewed(alive: dict[int, Renewal]) -> None:
             for slot_id, slot in held.items():
                 renewal = alive.get(slot_id)
                 if renewal is None:
                     slot.expires = min(slot.expires, sent)
-                    self.events.slot_lost(slot.slot.key)
+                    self.gates.events.slot_lost(slot.slot.key)
                     continue
                 slot.expires = max(slot.expires, sent + slot.slot.ttl)
-                gate = self._gates.get(slot.slot.key)
+                gate = self.gates._gates.get(slot.slot.key)
                 if gate is not None:
                     self._fit_share(gate, renewal.share)
                 if renewal.backoff_in > 0:
-                    self.backoffs.set(
+                    self.gates.backoffs.set(
                         slot.slot.key, sent + renewal.backoff_in, "told by the hub", sent
                     )
-            for gate in list(self._gates.values()):
-                self._dispatch(gate)
+            for gate in list(self.gates._gates.values()):
+                self.gates._dispatch(gate)
 
         if held:
-            self._call(lambda: self.store.renew(held, self.config.ttl), renewed, "renewing")
-        self._beat = self.clock.call_later(self.config.heartbeat, self._heartbeat)
+            self.gates.calls.call(
+                lambda: self.gates.store.renew(held, self.gates.config.ttl), renewed, "renewing"
+            )
+        self._beat = self.gates.clock.call_later(self.gates.config.heartbeat, self._heartbeat)
 
-    # --- closing ------------------------------------------------------------------------
-    def stop_waiting(self) -> None:
-        """The crawl is closing: requests waiting for a slot are called with none at once
-        (they were never sent: the next run fetches them), and so is any that asks from
-        now on; requests in flight keep their slots until they end."""
-        self._count_idle()
-        self.stopping = True
-        for go in self._take_waiters(self.clock.now()):
-            go(None)
+    @staticmethod
+    def _fit_share(gate: _Gate, share: int) -> None:
+        """Keep no more units of *gate* than its *share* (other processes wait for the
+        key): the idle ones go back first, the others once their requests end."""
+        gate.share = share
+        units = [s for s in gate.slots if not s.stretch and not s.retired]
+        for slot in sorted(units, key=lambda s: s.busy)[: max(len(units) - share, 0)]:
+            slot.retired = True
 
-    def close(self, done: Callable[[], None]) -> None:
-        """Give every slot back and leave every key's line; *done* once the hub has
-        been told (or failed to be). Requests still waiting are called with no slot."""
-        now = self.clock.now()
-        waiting = self._take_waiters(now)
-        releases = self._releases
-        self._releases = []
-        for gate in self._gates.values():
-            releases.extend(s.release_item(now) for s in gate.slots)
-            gate.slots = []
-        for timer in (self._beat, self._batch_timer):
-            if timer is not None and timer.active():
-                timer.cancel()
-        self.closed = True
-        self._asks.clear()
-        if releases:
-            self._call(lambda: self.store.release(releases), lambda _: None, "releasing slots")
-        self._call(lambda: self.store.leave(self.holder), lambda _: None, "leaving")
-        self._queue.append(done)
-        self._flush()
-        for go in waiting:
-            go(None)
-
-    def _take_waiters(self, now: float) -> list[Callable[[Any], None]]:
-        """Every waiting request's callback, taken from its gate (whose timer stops and
-        whose wait episode is told); the caller calls them once its state is settled."""
-        waiting: list[Callable[[Any], None]] = []
-        for gate in list(self._gates.values()):  # a told episode may end its gate
-            if gate.timer is not None and gate.timer.active():
-                gate.timer.cancel()
-            gate.timer = None
-            waiting.extend(go for _, go in gate.waiters)
-            self.parked -= len(gate.waiters)
-            gate.waiters.clear()
-            self._episode_over(gate, now)
-        self._blocked.clear()
-        return waiting
-
-    @property
-    def waiting(self) -> int:
-        return sum(len(g.waiters) for g in self._gates.values())
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        """Each key's gate now, as plain data for the live views (``extensions/
-        heartbeat.py``): slots held, requests in flight through them, requests
-        waiting, and what holds those back."""
-        return [
-            {
-                "key": gate.key,
-                "slots": len(gate.slots),
-                "in_flight": gate.in_flight,
-                "waiting": len(gate.waiters),
-                "reason": self._reason(gate)[0] if gate.waiters else "",
-            }
-            for gate in self._gates.values()
-        ]
+    # --- the hub ------------------------------------------------------------------------

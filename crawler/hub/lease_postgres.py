@@ -37,7 +37,7 @@ from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.hub.lease_store import Lease, LeaseStore, RestPolicy, UsageCounts
 from crawler.hub.locks import AdvisoryLock
-from crawler.hub.redact import redact_url
+from crawler.redact import redact_url
 
 logger = logging.getLogger(__name__)
 

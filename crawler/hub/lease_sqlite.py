@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from crawler.hub.db import Transaction
 from crawler.hub.identity import Holder
 from crawler.hub.lease_store import Lease, LeaseStore, RestPolicy, UsageCounts, ban_rest
-from crawler.hub.redact import redact_url
+from crawler.redact import redact_url
 
 
 class SQLiteLeaseStore(LeaseStore):

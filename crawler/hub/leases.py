@@ -33,7 +33,7 @@ from typing import Any, Protocol, TypeVar
 from crawler.hub.identity import Holder
 from crawler.hub.lease_store import Lease, RestPolicy, UsageCounts
 from crawler.hub.proxies import ProxyPool
-from crawler.hub.redact import url_credentials
+from crawler.redact import url_credentials
 
 T = TypeVar("T")
 
@@ -242,8 +242,7 @@ class LeasePool:
         self._next_acquire = 0.0
         self._waiting = 0
         self._calls = 0  # hub calls in flight
-        self._beat_timer: Timer | None = None
-        self._beating = False
+        self.upkeep = LeaseUpkeep(self)
         self._closed = False
         self._stopping = False
         self._on_closed: Callable[[], None] | None = None
@@ -273,8 +272,8 @@ class LeasePool:
     # --- requests -------------------------------------------------------------------------
     def start(self) -> None:
         """Start the heartbeat."""
-        if self._beat_timer is None and not self._closed:
-            self._beat_timer = self.clock.call_later(self.config.heartbeat, self._beat)
+        if not self._closed:
+            self.upkeep.start()
 
     def take(
         self,
@@ -344,10 +343,9 @@ class LeasePool:
             return
         self._closed = True
         self._on_closed = done
-        if self._beat_timer is not None and self._beat_timer.active():
-            self._beat_timer.cancel()
+        self.upkeep.stop()
         self._wake()
-        self._close_when_idle()
+        self.upkeep.close_when_idle()
 
     # --- choosing and waiting ----------------------------------------------------------------
     def _serve(self, w: _Waiter, acquire: bool = True) -> None:
@@ -442,12 +440,12 @@ class LeasePool:
         def _done(result: T) -> None:
             self._calls -= 1
             done(result)
-            self._close_when_idle()
+            self.upkeep.close_when_idle()
 
         def _failed(error: Exception) -> None:
             self._calls -= 1
             failed(error)
-            self._close_when_idle()
+            self.upkeep.close_when_idle()
 
         self.runner.run(fn, _done, _failed)
 
@@ -549,55 +547,74 @@ class LeasePool:
         self._leases.pop(held.lease.lease_id, None)
         self._wake()
 
-    # --- heartbeat ---------------------------------------------------------------------------
+
+class LeaseUpkeep:
+    """What keeps a pool's leases in the hub: the heartbeat that renews them and reports
+    their usage, and the release of all of them once the pool closes."""
+
+    def __init__(self, pool: LeasePool) -> None:
+        self.pool = pool
+        self._beat_timer: Timer | None = None
+        self._beating = False
+
+    def start(self) -> None:
+        if self._beat_timer is None:
+            self._beat_timer = self.pool.clock.call_later(self.pool.config.heartbeat, self._beat)
+
+    def stop(self) -> None:
+        if self._beat_timer is not None and self._beat_timer.active():
+            self._beat_timer.cancel()
+
     def _beat(self) -> None:
         self._beat_timer = None
-        if self._closed:
+        if self.pool._closed:
             return
         try:
             self._renew_leases()
         except Exception as error:
-            self.events.heartbeat_stopped(error)
+            self.pool.events.heartbeat_stopped(error)
             return
-        self._beat_timer = self.clock.call_later(self.config.heartbeat, self._beat)
+        self._beat_timer = self.pool.clock.call_later(self.pool.config.heartbeat, self._beat)
 
     def _renew_leases(self) -> None:
         if self._beating:
             return
-        batch = [(h, h.counts.take()) for h in self._leases.values() if not (h.releasing or h.lost)]
+        batch = [
+            (h, h.counts.take()) for h in self.pool._leases.values() if not (h.releasing or h.lost)
+        ]
         if not batch:
             return
         self._beating = True
-        started, ttl = self.clock.now(), self.config.lease_ttl
+        started, ttl = self.pool.clock.now(), self.pool.config.lease_ttl
         items = [(h.lease, counts) for h, counts in batch]
 
         def done(results: list[bool]) -> None:
             self._beating = False
-            self.events.heartbeat()
+            self.pool.events.heartbeat()
             for (held, _), ok in zip(batch, results, strict=True):
                 if ok:
                     held.deadline = started + ttl
                     continue
                 held.lost = True
-                self.events.lost(LeaseView(held))
-                self._maybe_release(held)
+                self.pool.events.lost(LeaseView(held))
+                self.pool._maybe_release(held)
 
         def failed(error: Exception) -> None:
             self._beating = False
             for held, counts in batch:
                 held.counts.add(counts)
-            self.events.hub_failed(error, "renewing proxy leases")
+            self.pool.events.hub_failed(error, "renewing proxy leases")
 
-        self._call(lambda: self.proxies.renew_many(items, ttl), done, failed)
+        self.pool._call(lambda: self.pool.proxies.renew_many(items, ttl), done, failed)
 
-    # --- closing -------------------------------------------------------------------------------
-    def _close_when_idle(self) -> None:
-        if not self._closed or self._calls or self._on_closed is None:
+    def close_when_idle(self) -> None:
+        """Once the pool is closed and no hub call is out, release every lease held."""
+        if not self.pool._closed or self.pool._calls or self.pool._on_closed is None:
             return
-        done, self._on_closed = self._on_closed, None
+        done, self.pool._on_closed = self.pool._on_closed, None
         ends = [
             (held, held.draining or "released", held.counts.take())
-            for held in self._leases.values()
+            for held in self.pool._leases.values()
             if not (held.releasing or held.lost)
         ]
         if not ends:
@@ -606,16 +623,18 @@ class LeasePool:
         for held, _, _ in ends:
             held.releasing = True
         batch = [(held.lease, reason, counts) for held, reason, counts in ends]
-        policy = self.config.rest
+        policy = self.pool.config.rest
 
         def released(results: list[bool]) -> None:
             for (held, reason, _), ok in zip(ends, results, strict=True):
-                self._leases.pop(held.lease.lease_id, None)
-                self.events.released(LeaseView(held), reason, ok)
+                self.pool._leases.pop(held.lease.lease_id, None)
+                self.pool.events.released(LeaseView(held), reason, ok)
             done()
 
         def failed(error: Exception) -> None:
-            self.events.hub_failed(error, "releasing proxy leases at close")
+            self.pool.events.hub_failed(error, "releasing proxy leases at close")
             done()
 
-        self.runner.run(lambda: self.proxies.release_many(batch, policy), released, failed)
+        self.pool.runner.run(
+            lambda: self.pool.proxies.release_many(batch, policy), released, failed
+        )

@@ -26,7 +26,8 @@ from crawler.hub.lease_postgres import PostgresLeaseStore
 from crawler.hub.lease_sqlite import SQLiteLeaseStore
 from crawler.hub.lease_store import END_REASONS, Lease, LeaseStore, RestPolicy, UsageCounts
 from crawler.hub.locks import AdvisoryLock
-from crawler.hub.redact import normalize_proxy_url, redact_url
+from crawler.hub.redact import normalize_proxy_url
+from crawler.redact import redact_url
 
 SCHEMA_VERSION = 4
 _STORES: dict[str, type[LeaseStore]] = {

@@ -1,53 +1,15 @@
-"""Credentials out of sight: URLs as the crawl may write them, proxy URLs checked.
-
-Everything the crawl writes (logs, stats, the action log, tables that people list)
-names a proxy or a database by its redacted URL, ``http://user:***@host:port``.
-"""
+"""Proxy URLs checked (the redaction itself is ``crawler/redact.py``)."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from crawler.hub.errors import InvalidProxyURLError
+from crawler.redact import redact_text, redact_url, url_credentials
+
+__all__ = ["normalize_proxy_url", "redact_text", "redact_url", "url_credentials"]
 
 PROXY_SCHEMES = ("http", "https")
-
-_CREDENTIALS_RE = re.compile(r"(?P<scheme>[a-zA-Z][\w+.-]*://)(?P<userinfo>[^/@\s]*)@")
-
-
-def redact_url(url: str) -> str:
-    """Return *url* with its password (or a lone user name) replaced by ``***``.
-
-    ``http://user:secret@host:3128`` becomes ``http://user:***@host:3128``; a URL that
-    carries only a user name (often an API key) becomes ``http://***@host:3128``.
-    Works on malformed URLs too, so that error messages can quote what was given.
-    """
-
-    def _sub(match: re.Match[str]) -> str:
-        userinfo = match.group("userinfo")
-        user, sep, _ = userinfo.partition(":")
-        masked = f"{user}:***" if sep else "***"
-        return f"{match.group('scheme')}{masked}@"
-
-    return _CREDENTIALS_RE.sub(_sub, url)
-
-
-def redact_text(text: str, secrets: Iterable[str]) -> str:
-    """Replace every occurrence of each secret in *text* with ``***``."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    return redact_url(text)
-
-
-def url_credentials(url: str) -> tuple[str, str] | None:
-    """The (user, password) a URL carries, percent-decoded; None when it has none."""
-    parts = urlsplit(url)
-    if not parts.username:
-        return None
-    return unquote(parts.username), unquote(parts.password or "")
 
 
 def normalize_proxy_url(url: str) -> str:

@@ -16,7 +16,7 @@ last renewed: its batch is then taken over, whole, by the next task that asks.
 - PostgreSQL: leases are taken with ``FOR UPDATE SKIP LOCKED``; SQLite: in one
   ``BEGIN IMMEDIATE`` transaction.
 - Politeness: a queue loaded with partition ``domain`` or ``host``
-  (``crawler/spiderkit/partition.py``) stores each item's unit, a batch holds one unit's
+  (``crawler/partition.py``) stores each item's unit, a batch holds one unit's
   items, and a unit's batches are leased to at most ``max_holders`` live leases at a
   time (``hub_work_units``, set at load from the host budget, :func:`unit_holders`): a
   batch of a unit held that often is not leased, and neither is an expired lease taken
@@ -25,7 +25,7 @@ last renewed: its batch is then taken over, whole, by the next task that asks.
   any items, as before.
 
 ``scrapy queue load NAME URLS|-`` and ``scrapy queue status NAME`` (``commands/queue.py``
-over :class:`crawler.hub.admin.QueueAdmin`) load a list and show a queue's progress.
+over :class:`crawler.admin.QueueAdmin`) load a list and show a queue's progress.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from crawler.hub.db import Hub, Transaction
 from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.hub.locks import AdvisoryLock
-from crawler.spiderkit.partition import PartitionError, check_mode, queue_unit
+from crawler.partition import PartitionError, check_mode, queue_unit
 from crawler.storage.keys import request_key
 
 WORK_SCHEMA_VERSION = 6

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from crawler.hub.redact import redact_url
+from crawler.redact import redact_url
 from crawler.report.logread import LogFollower, LogStats
 from crawler.report.sources import (
     CatalogSummary,

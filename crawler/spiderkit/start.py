@@ -28,7 +28,7 @@ from twisted.internet import task, threads
 from w3lib.url import safe_url_string
 
 from crawler import signals as crawler_signals
-from crawler.spiderkit.partition import PartitionError, check_mode, shard_of
+from crawler.partition import PartitionError, check_mode, shard_of
 from crawler.spiderkit.urls import UrlList, check_url
 from crawler.storage.keys import plain_key, request_key
 
@@ -81,7 +81,7 @@ async def listed_requests(
     stored start pages; a revalidating crawl fetches them again); they still carry
     their key, so that nothing keys them twice. ``shard``: only the lines that fall in
     shard I of N, split by ``partition`` (``domain``, ``host`` or ``url``; default the
-    ``CRAWL_PARTITION`` setting, see ``crawler/spiderkit/partition.py``). Bad lines are logged with ``file:line``, counted
+    ``CRAWL_PARTITION`` setting, see ``crawler/partition.py``). Bad lines are logged with ``file:line``, counted
     (``SPIDER/bad_lines``) and written to the action log as errors.
 
     ``thread=True``: the next batch is read and keyed in a thread while this one is

@@ -15,7 +15,7 @@ import socket
 import time
 from pathlib import Path
 
-from crawler.hub.redact import redact_url
+from crawler.redact import redact_url
 
 logger = logging.getLogger(__name__)
 

@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from crawler.admin import duration
 from crawler.hub import heartbeats as hb
-from crawler.hub.admin import duration
 from crawler.hub.heartbeats import RATE_SECONDS, Beat, series_points
-from crawler.hub.redact import redact_url
 from crawler.hub.workqueue import QueueStats
+from crawler.redact import redact_url
 
 # Periods without a heartbeat after which a process is dead.
 DEAD_AFTER = 3

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import IO
 
-from crawler.hub.admin import format_table
+from crawler.admin import format_table
 from crawler.hub.errors import HubError
 from crawler.report.html import bytes_rate_text, size
 from crawler.watch.model import (

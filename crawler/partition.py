@@ -30,7 +30,7 @@ import hashlib
 from functools import lru_cache
 from urllib.parse import urlsplit
 
-from crawler.spiderkit.domains import registered_domain
+from crawler.domains import registered_domain
 
 MODES = ("domain", "host", "url")
 DEFAULT_MODE = "domain"
