@@ -8,10 +8,12 @@ can be taken from the crawl's host policy once there is one.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from crawler.politeness import HostPolicy
 from crawler.report.advice import advice
 from crawler.report.build import Report, RunReport
 from crawler.report.logread import NO_HOST, LogStats
@@ -184,21 +186,16 @@ class Interval:
 def host_interval(
     delay: float, crawl_delay: float | None = None, budget: HubHost | None = None
 ) -> Interval:
-    """The interval of a host: the hub's budget interval when it keeps one (with the
-    Crawl-delay it holds), else the larger of the run's DOWNLOAD_DELAY and the
-    Crawl-delay the host was kept to. AutoThrottle is left out: it only lengthens the
-    interval, by an amount no log line records. The one place the report decides it."""
+    """The interval of a host: the one its processes last asked of the hub's budget
+    (the host policy's, AutoThrottle and Crawl-delay included), else the host policy's
+    (``crawler/politeness.py``) from the run's DOWNLOAD_DELAY and the Crawl-delay the
+    host was kept to; AutoThrottle, which no log line records, is then left out."""
     if budget is not None and budget.interval > 0:
-        if budget.crawl_delay and budget.crawl_delay >= budget.interval:
-            return Interval(
-                budget.interval, f"Crawl-delay {interval_text(budget.crawl_delay)} (hub)"
-            )
         return Interval(budget.interval, f"hub budget: one per {interval_text(budget.interval)}")
-    if crawl_delay and crawl_delay > delay:
-        return Interval(crawl_delay, f"Crawl-delay {interval_text(crawl_delay)}")
-    if delay > 0:
-        return Interval(delay, f"DOWNLOAD_DELAY {interval_text(delay)}")
-    return Interval(0.0, "none: DOWNLOAD_DELAY 0")
+    kept = HostPolicy(delay=delay, crawl_delay_max=math.inf).interval(crawl_delay)
+    if kept.seconds <= 0:
+        return Interval(0.0, "none: DOWNLOAD_DELAY 0")
+    return Interval(kept.seconds, f"{kept.why} {interval_text(kept.seconds)}")
 
 
 @dataclass(frozen=True)
