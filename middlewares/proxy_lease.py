@@ -19,7 +19,9 @@ lease, and one that held a request after this middleware gave it a lease asks
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
@@ -334,6 +336,15 @@ class _StatsAndLogs(LeaseEvents):
         logger.error("Proxy lease heartbeat stopped: %s", error)
 
 
+def crawl_holder(settings: BaseSettings) -> Holder:
+    """This process as a lease holder, with the crawl it runs for: the node and the
+    data directory, the same in a rerun (which then takes at once a proxy whose rest
+    this crawl caused, instead of waiting it out)."""
+    here = Holder.current()
+    data = os.path.abspath(settings.get("DATA_DIR") or "data")
+    return dataclasses.replace(here, crawl=f"{here.host}:{data}")
+
+
 class ProxyLeaseMiddleware:
     """Downloader middleware: a leased proxy, and its own download slot, per request."""
 
@@ -364,7 +375,7 @@ class ProxyLeaseMiddleware:
         self.judge = ProxyBanJudge(crawler, self.config.ban_rules)
         self.pool = LeasePool(
             proxies,
-            Holder.current(),
+            crawl_holder(crawler.settings),
             self.config.pool_config,
             LoopClock(reactor.callLater),
             self._thread,

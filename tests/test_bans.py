@@ -233,3 +233,45 @@ def test_proxies_that_reset_or_stall_are_banned_on_a_one_host_crawl(banning, tmp
             proxy.stop()
     assert listed[broken[0].url] == "banned" and listed[broken[1].url] == "banned", listed
     assert set(rows_by_url(data_dir)) == {f"{origin.base}/page/{n}" for n in range(PAGES)}
+
+
+def test_sigint_while_the_only_proxy_rests_and_the_rerun_takes_it_at_once(banning, tmp_path):
+    """The only proxy rests an hour after its stretch: Ctrl-C ends the crawl in seconds
+    (exit 75), and its rerun takes the proxy whose rest its own crawl caused instead of
+    waiting the hour out, and stores the rest."""
+    from tests.test_hub_day import STOP_WITHIN, interrupt
+
+    origin, proxies = banning
+    good = proxies["ban-good"]
+    hub_url = f"sqlite:///{tmp_path}/hub.db"
+    proxies_command(hub_url, "add", good.url)
+    pages = 8
+    urls = tmp_path / "urls.txt"
+    urls.write_text("".join(f"{origin.base}/page/{n}\n" for n in range(pages)))
+    settings = {
+        "HUB_URL": hub_url,
+        "PROXY_LEASES_PER_PROCESS": 1,
+        "PROXY_ROTATE_EVERY": 5,
+        "PROXY_REST_SECONDS": 3600,
+        "PROXY_REST_JITTER": 0,
+        "CONCURRENT_REQUESTS": 1,
+        "ROBOTSTXT_OBEY": 0,
+    }
+    args = [arg for key, value in settings.items() for arg in ("-s", f"{key}={value}")]
+    env = {k: v for k, v in crawl_env().items() if k != "HUB_URL"}
+    data_dir, log = tmp_path / "data", tmp_path / "crawl.log"
+    proc = launcher.start(crawl_command(urls, data_dir, *args), log=log, cwd=ROOT, env=env,
+                          new_session=True)  # fmt: skip
+
+    def resting() -> bool:
+        return sum(n for (name, _), n in origin.hits.items() if name == good.name) >= 5
+
+    took = interrupt(proc, resting, log)
+    assert took < STOP_WITHIN, took
+    assert "resting" in proxies_command(hub_url, "list")
+    first = set(rows_by_url(data_dir))
+    assert len(first) == 5, sorted(first)
+    done = launcher.run(crawl_command(urls, data_dir, *args), cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert set(rows_by_url(data_dir)) == {f"{origin.base}/page/{n}" for n in range(pages)}

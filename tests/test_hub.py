@@ -178,7 +178,9 @@ def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         ProxyPool(hub)
         assert "hub_proxies_lru" in _indexes(hub)
-        # Back to version 1: without what versions 2, 3 and 4 added.
+        # Back to version 1: without what versions 2 to 5 added.
+        for column in ("lease_crawl", "rest_crawl", "rest_pid"):
+            hub.execute(f"ALTER TABLE hub_proxies DROP COLUMN {column}")
         hub.execute("DROP INDEX hub_proxies_lru")
         hub.execute("DROP INDEX hub_proxy_usage_started")
         hub.execute("ALTER TABLE hub_proxy_usage DROP COLUMN waited")
@@ -189,7 +191,7 @@ def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
         hub.execute("DELETE FROM hub_schema WHERE version > 1")
     with Hub.open(hub_url) as hub:
         pool = ProxyPool(hub)
-        assert pool.schema_version() == SCHEMA_VERSION == 4
+        assert pool.schema_version() == SCHEMA_VERSION == 5
         assert {"hub_proxies_lru", "hub_proxy_usage_started"} <= _indexes(hub)
         if hub.backend == "postgresql":
             assert _functions(hub) == {"hub_rotate", "hub_take", "hub_release"}
@@ -380,7 +382,10 @@ def test_lease_churn_vacuums_the_dead_entries_every_pick_would_wade_through():
             before = hub.query(stats)[0][0]
             churn(3000)
             assert hub.query(stats)[0][0] - before >= 5, "one vacuum per 500 lease operations"
-            assert _pick_buffers(hub) * 4 < unvacuumed
+            # Picks stay short: a quarter of what they read unvacuumed, or a few pages
+            # where the server kept the index small by itself.
+            picked = _pick_buffers(hub)
+            assert picked <= max(8, unvacuumed // 4), (picked, unvacuumed)
             # Never two at once, never more often than VACUUM_SECONDS.
             lock = f"SELECT pg_try_advisory_lock({int(AdvisoryLock.PROXY_VACUUM)})"
             assert other.query(lock)[0][0]

@@ -135,6 +135,28 @@ def test_both_lease_stores_play_the_same_scenario(hub):
     assert scenario(hub) == EXPECTED
 
 
+def test_a_rerun_of_the_crawl_takes_a_proxy_whose_rest_its_crawl_caused(hub):
+    """A rest is the proxy's break from its holder's crawl: another process of that crawl
+    (its rerun after Ctrl-C) takes it at once; the process that caused it, another crawl
+    and a banned proxy's rest still wait."""
+    pool = ProxyPool(hub)
+    pool.add(["http://127.0.0.1:1"])
+    crawl = "node1:/data/site"
+    first = Holder("node1", 100, "", crawl)
+    lease = pool.acquire(first, 60)
+    assert pool.release(lease, "rotated", UsageCounts(5), POLICY)
+    assert _proxy(pool, lease.proxy_id).state == "resting"
+    assert pool.acquire(first, 60) is None, "the process that caused the rest waits it out"
+    assert pool.acquire(Holder("node1", 101, "", "node1:/data/other"), 60) is None
+    assert pool.acquire(Holder("node2", 101, "", ""), 60) is None, "a holder of no crawl waits"
+    rerun = Holder("node1", 101, "", crawl)
+    taken = pool.acquire(rerun, 60)
+    assert taken is not None and taken.proxy_id == lease.proxy_id
+    assert pool.release(taken, "banned", UsageCounts(1, bans=1), POLICY)
+    assert _proxy(pool, lease.proxy_id).state == "banned"
+    assert pool.acquire(Holder("node1", 102, "", crawl), 60) is None, "a ban is waited out"
+
+
 def test_one_rest_formula_feeds_both_stores():
     rests, bans = POLICY.rests(random.Random(0))
     assert (rests, bans) == (30.0, [100.0, 200.0, 250.0])

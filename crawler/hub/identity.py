@@ -15,6 +15,9 @@ class Holder:
     host: str
     pid: int
     task: str = ""
+    # The crawl it runs for, the same in a rerun (the node and the data directory):
+    # a rest of a proxy that crawl caused is not waited out by its rerun.
+    crawl: str = ""
 
     @classmethod
     def current(cls, environ: Mapping[str, str] | None = None) -> Holder:

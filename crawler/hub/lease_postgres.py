@@ -43,8 +43,8 @@ logger = logging.getLogger(__name__)
 
 _TAKE_HEAD = """(
     p_avoid BIGINT, p_host TEXT, p_pid INTEGER, p_task TEXT, p_waited DOUBLE PRECISION,
-    p_holder TEXT, p_ttl DOUBLE PRECISION, OUT new_proxy BIGINT, OUT new_url TEXT,
-    OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
+    p_holder TEXT, p_ttl DOUBLE PRECISION, p_crawl TEXT, OUT new_proxy BIGINT,
+    OUT new_url TEXT, OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
 ) LANGUAGE plpgsql"""
 _TAKE_BODY = """
 DECLARE
@@ -56,6 +56,14 @@ BEGIN
     WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < t)
         AND COALESCE(resting_until, 0) <= t AND id <> p_avoid
     ORDER BY COALESCE(last_used, 0), id LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND AND p_crawl <> '' THEN
+        -- None free: a rest this crawl's earlier process caused is not waited out by
+        -- its rerun. A query of its own, so that the pick above keeps to its index.
+        SELECT id, url, state, lease_id, lease_expires INTO picked FROM hub_proxies
+        WHERE enabled = 1 AND state = 'resting' AND rest_crawl = p_crawl
+            AND rest_pid <> p_pid AND id <> p_avoid
+        ORDER BY COALESCE(last_used, 0), id LIMIT 1 FOR UPDATE SKIP LOCKED;
+    END IF;
     IF NOT FOUND THEN
         RETURN;
     END IF;
@@ -66,7 +74,7 @@ BEGIN
     INSERT INTO hub_proxy_usage (proxy_id, host, pid, task, waited, started)
     VALUES (picked.id, p_host, p_pid, p_task, p_waited, t) RETURNING id INTO new_lease;
     UPDATE hub_proxies SET state = 'leased', holder = p_holder, lease_id = new_lease,
-        lease_expires = t + p_ttl, stretch_uses = 0, last_used = t
+        lease_expires = t + p_ttl, stretch_uses = 0, last_used = t, lease_crawl = p_crawl
     WHERE id = picked.id;
     new_proxy := picked.id;
     new_url := picked.url;
@@ -87,6 +95,7 @@ DECLARE
     banned BOOLEAN := p_reason = 'banned';
     streak INTEGER;
     used BIGINT;
+    taker INTEGER;
     rest DOUBLE PRECISION := p_rest;
 BEGIN
     SELECT consecutive_bans INTO streak FROM hub_proxies
@@ -100,7 +109,7 @@ BEGIN
     UPDATE hub_proxy_usage SET requests = requests + p_requests, bytes = bytes + p_bytes,
         failures = failures + p_failures, bans = bans + p_bans, ended = COALESCE(ended, t),
         end_reason = CASE WHEN ended IS NULL THEN p_reason ELSE end_reason END
-    WHERE id = p_lease RETURNING requests INTO used;
+    WHERE id = p_lease RETURNING requests, pid INTO used, taker;
     IF banned THEN
         rest := p_ban_rests[LEAST(streak + 1, cardinality(p_ban_rests))];
     ELSIF COALESCE(used, 0) = 0 THEN
@@ -109,6 +118,7 @@ BEGIN
     UPDATE hub_proxies SET
         state = CASE WHEN banned THEN 'banned' WHEN rest > 0 THEN 'resting' ELSE 'free' END,
         holder = NULL, lease_id = NULL, lease_expires = NULL, resting_until = t + rest,
+        rest_crawl = CASE WHEN banned THEN NULL ELSE lease_crawl END, rest_pid = taker,
         consecutive_bans = CASE WHEN banned THEN streak + 1 ELSE 0 END,
         total_uses = total_uses + p_requests, failures = failures + p_failures,
         bans = bans + p_bans, stretch_uses = stretch_uses + p_requests, last_used = t
@@ -121,15 +131,15 @@ _ROTATE_HEAD = """(
     p_proxy BIGINT, p_lease BIGINT, p_requests BIGINT, p_bytes BIGINT, p_failures BIGINT,
     p_bans BIGINT, p_reason TEXT, p_rest DOUBLE PRECISION, p_ban_rests DOUBLE PRECISION[],
     p_host TEXT, p_pid INTEGER, p_task TEXT, p_waited DOUBLE PRECISION, p_holder TEXT,
-    p_ttl DOUBLE PRECISION, OUT released BOOLEAN, OUT new_proxy BIGINT, OUT new_url TEXT,
-    OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
+    p_ttl DOUBLE PRECISION, p_crawl TEXT, OUT released BOOLEAN, OUT new_proxy BIGINT,
+    OUT new_url TEXT, OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
 ) LANGUAGE plpgsql"""
 _ROTATE_BODY = """
 BEGIN
     released := hub_release(p_proxy, p_lease, p_requests, p_bytes, p_failures, p_bans,
         p_reason, p_rest, p_ban_rests);
     SELECT * INTO new_proxy, new_url, new_lease, new_started
-    FROM hub_take(p_proxy, p_host, p_pid, p_task, p_waited, p_holder, p_ttl);
+    FROM hub_take(p_proxy, p_host, p_pid, p_task, p_waited, p_holder, p_ttl, p_crawl);
 END
 """
 
@@ -171,8 +181,8 @@ def install_functions(hub: Hub) -> bool:
 
 
 # Parameters: the proxy to pass over (0: none), holder's host, pid and task, seconds
-# waited, the holder, the TTL.
-_ACQUIRE = "SELECT * FROM hub_take(?, ?, ?, ?, ?, ?, ?)"
+# waited, the holder, the TTL, the holder's crawl.
+_ACQUIRE = "SELECT * FROM hub_take(?, ?, ?, ?, ?, ?, ?, ?)"
 # Parameters: proxy id, lease id, counts (requests, bytes, failures, bans), reason, rest
 # seconds, ban rests.
 _RELEASE = (
@@ -180,7 +190,7 @@ _RELEASE = (
     "set_config('synchronous_commit', 'off', true)"
 )
 # Parameters: those of _RELEASE, then those of _ACQUIRE but the first.
-_ROTATE = "SELECT * FROM hub_rotate(?, ?, ?, ?, ?, ?, ?, ?, ?::float8[], ?, ?, ?, ?, ?, ?)"
+_ROTATE = "SELECT * FROM hub_rotate(?, ?, ?, ?, ?, ?, ?, ?, ?::float8[], ?, ?, ?, ?, ?, ?, ?)"
 
 _RENEW = """
 WITH t AS (SELECT NOW() AS now),
@@ -312,7 +322,7 @@ class PostgresLeaseStore(LeaseStore):
 
 
 def _take_params(holder: Holder, ttl: float, waited: float) -> tuple[Any, ...]:
-    return (holder.host, holder.pid, holder.task, waited, str(holder), ttl)
+    return (holder.host, holder.pid, holder.task, waited, str(holder), ttl, holder.crawl)
 
 
 def _taken(

@@ -14,6 +14,15 @@ from crawler.hub.identity import Holder
 from crawler.hub.lease_store import Lease, LeaseStore, RestPolicy, UsageCounts, ban_rest
 from crawler.redact import redact_url
 
+# With none free, a rest the taker's own crawl caused (a proxy it released, not banned)
+# is not waited out by another process of it: a rerun. Parameters: the taker's crawl and
+# pid, the proxy to pass over.
+_OWN_REST = (
+    "SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
+    "WHERE enabled = 1 AND state = 'resting' AND rest_crawl = ? AND rest_pid <> ? AND id <> ? "
+    "ORDER BY COALESCE(last_used, 0), id LIMIT 1"
+)
+
 
 class SQLiteLeaseStore(LeaseStore):
     def acquire(
@@ -27,6 +36,8 @@ class SQLiteLeaseStore(LeaseStore):
                 "ORDER BY COALESCE(last_used, 0), id LIMIT 1",
                 (avoid,),
             ).fetchone()
+            if row is None and holder.crawl:
+                row = tx.execute(_OWN_REST, (holder.crawl, holder.pid, avoid)).fetchone()
             if row is None:
                 return None
             proxy_id, url, state, old_lease, old_expires = row
@@ -44,8 +55,9 @@ class SQLiteLeaseStore(LeaseStore):
             expires = started + ttl
             tx.execute(
                 "UPDATE hub_proxies SET state = 'leased', holder = ?, lease_id = ?, "
-                "lease_expires = ?, stretch_uses = 0, last_used = ? WHERE id = ?",
-                (str(holder), lease_id, expires, started, proxy_id),
+                "lease_expires = ?, stretch_uses = 0, last_used = ?, lease_crawl = ? "
+                "WHERE id = ?",
+                (str(holder), lease_id, expires, started, holder.crawl, proxy_id),
             )
         return Lease(lease_id, proxy_id, url, redact_url(url), started, expires)
 
@@ -92,10 +104,13 @@ class SQLiteLeaseStore(LeaseStore):
             state = "banned" if banned else ("resting" if rest > 0 else "free")
             tx.execute(
                 "UPDATE hub_proxies SET state = ?, holder = NULL, lease_id = NULL, "
+                "rest_crawl = CASE WHEN ? THEN NULL ELSE lease_crawl END, rest_pid = "
+                "(SELECT pid FROM hub_proxy_usage WHERE id = ?), "
                 "lease_expires = NULL, resting_until = NOW() + ?, consecutive_bans = ?, "
                 "total_uses = total_uses + ?, failures = failures + ?, bans = bans + ?, "
                 "stretch_uses = stretch_uses + ?, last_used = NOW() WHERE id = ?",
-                (state, rest, streak + 1 if banned else 0, counts.requests, counts.failures)
+                (state, banned, lease.lease_id, rest, streak + 1 if banned else 0)
+                + (counts.requests, counts.failures)
                 + (counts.bans, counts.requests, lease.proxy_id),
             )
         return True

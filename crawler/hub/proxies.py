@@ -29,7 +29,7 @@ from crawler.hub.locks import AdvisoryLock
 from crawler.hub.redact import normalize_proxy_url
 from crawler.redact import redact_url
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 _STORES: dict[str, type[LeaseStore]] = {
     "sqlite": SQLiteLeaseStore,
     "postgresql": PostgresLeaseStore,
@@ -95,6 +95,13 @@ _MIGRATIONS: dict[int, list[Migration]] = {
     # Version 4 created PostgreSQL's lease functions; lease_postgres installs them at
     # start since, so that changing one is one edit. The number stays taken.
     4: [],
+    # Which crawl held a proxy, and which crawl and process made it rest: a rerun of
+    # the same crawl (another process) does not wait for a rest that was its own.
+    5: [
+        "ALTER TABLE hub_proxies ADD COLUMN lease_crawl TEXT",
+        "ALTER TABLE hub_proxies ADD COLUMN rest_crawl TEXT",
+        "ALTER TABLE hub_proxies ADD COLUMN rest_pid INTEGER",
+    ],
 }
 
 
