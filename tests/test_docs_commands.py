@@ -38,6 +38,8 @@ RUNS = {
         "docs/how-to/reading-data.md",
         "docs/how-to/rendering.md",
         "docs/how-to/watching.md",
+        "docs/how-to/proxies-and-jobs.md",
+        "docs/how-to/slurm.md",
     )
 }
 # The pages the runs above include: their sh blocks run unless marked.
