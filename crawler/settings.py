@@ -221,7 +221,9 @@ PROXY_ENABLED = True
 PROXY_LEASE_TTL = 60.0
 PROXY_HEARTBEAT_SECONDS = 0.0
 # Let a proxy go after this many requests; it then rests PROXY_REST_SECONDS
-# (+/- PROXY_REST_JITTER of it) before anyone may lease it again.
+# (+/- PROXY_REST_JITTER of it) before anyone may lease it again. A lease that ends
+# sooner (its crawl, or a queue batch, ended) rests it for its share: 10 of 50 requests,
+# a fifth of the rest.
 PROXY_ROTATE_EVERY = 50
 PROXY_REST_SECONDS = 60.0
 PROXY_REST_JITTER = 0.25

@@ -226,6 +226,27 @@ def test_rest_between_stretches_is_jittered_within_bounds(hub):
     assert waiting.attempt is None and r.events.named("wait_started") == [(1, True)]
 
 
+def test_a_lease_that_ends_early_rests_its_proxy_for_the_share_it_used(hub):
+    """A crawl (a queue batch) that ends after 3 of its lease's 10 requests rests the
+    proxy 3/10 of the rest, at close as at a release: a full rest per short batch made
+    a queue of small batches wait on its proxies most of the time."""
+    add_proxies(hub, 2)
+    rest = RestPolicy(rest_seconds=100, jitter=0)
+    r = rig(hub, rotate_every=10, leases_per_process=1, rest=rest)
+    for _ in range(10):
+        r.pool.finish(r.take().token)
+    assert round(rest_of(r.proxies, 1)) == 100, "a whole stretch rests the whole rest"
+    for _ in range(3):
+        taken = r.take()
+        assert taken.proxy_id == 2
+        r.pool.finish(taken.token)
+    closed = []
+    r.pool.close(lambda: closed.append(True))
+    assert closed
+    assert round(rest_of(r.proxies, 2)) == 30
+    assert [row.requests for row in r.proxies.usage()] == [10, 3]
+
+
 # --- bans --------------------------------------------------------------------------------------
 def test_ban_rest_doubles_and_is_capped(hub):
     add_proxies(hub, 1)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from crawler.hub.db import Hub
 from crawler.hub.identity import Holder
@@ -84,6 +84,15 @@ class RestPolicy:
                 break
         return max(self.rest_seconds, 0.0) * factor, bans
 
+    def for_share(self, uses: int, stretch: int) -> RestPolicy:
+        """The policy for a lease that ended after *uses* requests of the *stretch* a
+        whole lease serves: its rest after use is that share of the full one. A proxy so
+        rests as long per request sent through it however its leases end: a crawl, or a
+        queue batch, that ends after a few requests does not cost the proxy a full rest."""
+        if stretch <= 0 or uses >= stretch:
+            return self
+        return replace(self, rest_seconds=self.rest_seconds * max(uses, 0) / stretch)
+
     def rest_for(self, reason: str, consecutive_bans: int, rng: random.Random) -> float:
         """The rest after a lease that ended *reason*, the proxy's *consecutive_bans*
         counting this one."""
@@ -136,6 +145,6 @@ class LeaseStore(ABC):
         """:meth:`release` *lease*, then :meth:`acquire` another proxy."""
 
     def release_many(
-        self, ends: Iterable[tuple[Lease, str, UsageCounts]], policy: RestPolicy
+        self, ends: Iterable[tuple[Lease, str, UsageCounts, RestPolicy]]
     ) -> list[bool]:
-        return [self.release(lease, reason, counts, policy) for lease, reason, counts in ends]
+        return [self.release(*end) for end in ends]

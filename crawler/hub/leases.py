@@ -5,8 +5,9 @@ A :class:`LeasePool` holds up to ``leases_per_process`` leases from the hub's
 :class:`~crawler.hub.proxies.ProxyPool` and hands requests an :class:`Attempt` on one
 of them (:meth:`LeasePool.take`), the least busy, avoiding proxies that banned the
 request. A lease stops taking requests after ``rotate_every`` of them, or at once when
-one of them finds the proxy banned, and is released (the proxy then rests in the hub)
-once every request it took has finished (:meth:`LeasePool.finish`); when requests are
+one of them finds the proxy banned, and is released (the proxy then rests in the hub:
+a lease released before its ``rotate_every`` requests, as its crawl ends, for their
+share of the rest) once every request it took has finished (:meth:`LeasePool.finish`); when requests are
 waiting then, the release and the next lease are one hub call (a rotation). A heartbeat
 renews held leases and reports their usage; a lease the hub gave to someone else meanwhile
 (it expired) is lost and used no more. With no lease usable and none to be had, a
@@ -489,7 +490,7 @@ class LeasePool:
         if not held.draining or self._closed:
             return
         held.releasing = True
-        reason, counts, policy = held.draining, held.counts.take(), self.config.rest
+        reason, counts, policy = held.draining, held.counts.take(), self._rest(held)
         # The lease released frees its place for the next one.
         if self._waiters and not self._acquiring and self.clock.now() >= self._next_acquire:
             self._rotate(held, reason, counts)
@@ -512,7 +513,7 @@ class LeasePool:
         started = self.clock.now()
         waits = [w.since for w in self._waiters if w.since is not None]
         waited = started - min(waits) if waits else 0.0
-        holder, config = self.holder, self.config
+        holder, config, policy = self.holder, self.config, self._rest(held)
 
         def done(result: tuple[bool, Lease | None]) -> None:
             released, lease = result
@@ -538,10 +539,15 @@ class LeasePool:
 
         def rotate() -> tuple[bool, Lease | None]:
             return self.proxies.rotate(
-                held.lease, reason, counts, config.rest, holder, config.lease_ttl, waited
+                held.lease, reason, counts, policy, holder, config.lease_ttl, waited
             )
 
         self._call(rotate, done, failed)
+
+    def _rest(self, held: _Held) -> RestPolicy:
+        """The rest policy of *held*'s release: a lease that ends before its
+        ``rotate_every`` requests rests its proxy for their share of the rest."""
+        return self.config.rest.for_share(held.assigned, self.config.rotate_every)
 
     def _forget(self, held: _Held) -> None:
         self._leases.pop(held.lease.lease_id, None)
@@ -622,8 +628,9 @@ class LeaseUpkeep:
             return
         for held, _, _ in ends:
             held.releasing = True
-        batch = [(held.lease, reason, counts) for held, reason, counts in ends]
-        policy = self.pool.config.rest
+        batch = [
+            (held.lease, reason, counts, self.pool._rest(held)) for held, reason, counts in ends
+        ]
 
         def released(results: list[bool]) -> None:
             for (held, reason, _), ok in zip(ends, results, strict=True):
@@ -635,6 +642,4 @@ class LeaseUpkeep:
             self.pool.events.hub_failed(error, "releasing proxy leases at close")
             done()
 
-        self.pool.runner.run(
-            lambda: self.pool.proxies.release_many(batch, policy), released, failed
-        )
+        self.pool.runner.run(lambda: self.pool.proxies.release_many(batch), released, failed)

@@ -356,13 +356,13 @@ class ProxyPool:
         return self.store.rotate(lease, reason, counts, policy, holder, ttl, waited)
 
     def release_many(
-        self, ends: Iterable[tuple[Lease, str, UsageCounts]], policy: RestPolicy | None = None
+        self, ends: Iterable[tuple[Lease, str, UsageCounts, RestPolicy]]
     ) -> list[bool]:
-        """:meth:`release` each (lease, reason, counts); one result per lease."""
+        """:meth:`release` each (lease, reason, counts, policy); one result per lease."""
         ends = list(ends)
-        for _, reason, _ in ends:
+        for _, reason, _, _ in ends:
             _check_reason(reason)
-        return self.store.release_many(ends, policy or RestPolicy())
+        return self.store.release_many(ends)
 
 
 def recent_bans(hub: Hub, since: float) -> list[dict[str, Any]]:
