@@ -12,6 +12,10 @@ SECTIONS = [
     ),
     ("Crawl: storage stack against a bare crawl (nginx, 40-60 KB pages)", "benchmarks.bench_crawl"),
     (
+        "Every core pays: CPU per page of slurm.task, two crawls on two cores (20,000 pages)",
+        "benchmarks.bench_cores",
+    ),
+    (
         "Resume: a warm re-run of a 1,000,000-URL list, all stored (builds it once: ~5 min)",
         "benchmarks.bench_resume",
     ),

@@ -48,6 +48,7 @@ T = TypeVar("T")
 META_SLOT = "_host_slot"  # (budget key, slot) this attempt went through
 META_WIRE = "_host_slot_sent"  # this attempt reached the wire
 META_LABEL = "proxy_label"  # the proxy of this attempt (middlewares/proxy_lease.py)
+INTERVALS_KEPT = 4096
 
 
 class HostBudgetConfigError(ValueError):
@@ -159,6 +160,9 @@ class HostBudgetMiddleware:
         self._wait_seconds = 0.0
         self._proxies: Any = None
         self._robots: Any = None
+        # (Crawl-delay, throttle delay) -> the interval and why, as the gates take it:
+        # the same few pairs come back for every request of a crawl.
+        self._intervals: dict[tuple[float | None, float], tuple[float, str]] = {}
         self.downloader: AccountingDownloader | None = None
         self.gates = HostGates(
             self.store,
@@ -216,6 +220,7 @@ class HostBudgetMiddleware:
 
     def settings_changed(self, settings: BaseSettings, changed: set[str]) -> None:
         self.policy = self.policy.updated(settings)
+        self._intervals = {}
         if self.downloader is not None:
             self.gates.max_in_flight = self.downloader.total_concurrency
 
@@ -281,16 +286,9 @@ class HostBudgetMiddleware:
     async def _slot(self, request: Request, key: str) -> tuple[Any, bool]:
         """Wait for a slot of *key* for *request*: (the slot, whether it had to wait)."""
         crawl_delay = self._robots.crawl_delay(request) if self._robots is not None else None
-        interval = self.policy.interval(crawl_delay, self._throttle(request))
+        seconds, why = self._interval(crawl_delay, self._throttle(request))
         granted: Deferred[Any] = Deferred()
-        self.gates.wait(
-            key,
-            request.url,
-            interval.seconds,
-            self.policy.concurrency,
-            granted.callback,
-            str(interval),
-        )
+        self.gates.wait(key, request.url, seconds, self.policy.concurrency, granted.callback, why)
         waited = not granted.called
         asked = self.gates.clock.now()
         slot = await maybe_deferred_to_future(granted)
@@ -300,6 +298,16 @@ class HostBudgetMiddleware:
         if slot is None or self.gates.closed:
             raise not_sent(request, "the crawl is closing: no host slots any more")
         return slot, waited
+
+    def _interval(self, crawl_delay: float | None, throttle: float) -> tuple[float, str]:
+        """The policy's interval for these delays, worked out once per pair of them."""
+        known = self._intervals.get((crawl_delay, throttle))
+        if known is None:
+            if len(self._intervals) >= INTERVALS_KEPT:  # AutoThrottle's delays drift
+                self._intervals = {}
+            interval = self.policy.interval(crawl_delay, throttle)
+            known = self._intervals[(crawl_delay, throttle)] = (interval.seconds, str(interval))
+        return known
 
     def _on_wire(self, request: Request) -> None:
         held = request.meta.get(META_SLOT)

@@ -4,7 +4,8 @@ A Slurm task crawls into a data directory on node-local disk (``$LOCAL/...``) an
 to the shared data directory ``DATA``:
 
 - closed archive files, of every format, to ``DATA/archive/`` (copied under a
-  temporary name, fsynced, renamed, the directory fsynced), and then
+  temporary name, fsynced, renamed, the directory fsynced; hard-linked instead where
+  the stage and ``DATA`` share a file system), and then
 - its catalog to ``DATA/catalogs/<name>.db``, taken with SQLite's online backup API
   while the crawl writes, with the rows whose archive is not shipped yet removed, and
   its action log beside it (``<name>.fetch_log.jsonl``).
@@ -42,19 +43,44 @@ class ShipError(Exception):
     """Shipping to shared storage failed."""
 
 
-def copy_atomic(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` so that ``dest`` is never seen partly written."""
+def copy_atomic(src: Path, dest: Path, link: bool = False) -> None:
+    """Put ``src``'s bytes at ``dest`` so that ``dest`` is never seen partly written.
+
+    ``link``: a file nobody writes any more (a closed archive, a catalog snapshot) is
+    hard-linked where ``src`` and ``dest`` share a file system (a stage on the shared
+    storage itself, one machine): no byte is read or written again, where a copy cost
+    the task as much CPU as its writer's compression. Elsewhere (node-local disk to
+    shared storage, the usual case) it is one streaming copy. A file still being
+    appended to (the action log) is copied: a link would show the shipped one growing.
+    """
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
-        with open(src, "rb") as fin, open(tmp, "wb") as fout:
-            shutil.copyfileobj(fin, fout, 1 << 20)
-            fout.flush()
-            os.fsync(fout.fileno())
+        if not (link and _link(src, tmp)):
+            with open(src, "rb") as fin, open(tmp, "wb") as fout:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+                fout.flush()
+                os.fsync(fout.fileno())
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(dest.parent)
+
+
+def _link(src: Path, tmp: Path) -> bool:
+    """Hard-link ``src`` as ``tmp`` after making its bytes durable; False where the
+    file system cannot (another device, no hard links): then it is copied."""
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        return False
+    return True
 
 
 @dataclass
@@ -91,7 +117,7 @@ class Shipper:
                 # Names carry ARCHIVE_PREFIX, time and pid: a clash means two crawls
                 # share a prefix (slurm/runner.py gives each its own).
                 raise ShipError(f"{dest} exists already: give each crawl its own ARCHIVE_PREFIX")
-            copy_atomic(path, dest)
+            copy_atomic(path, dest, link=True)
             self.shipped.add(rel)
             out.archives.append(path.name)
         if self.local.catalog_path.exists():
@@ -120,7 +146,7 @@ class Shipper:
             src.close()
             dest.close()
         try:
-            copy_atomic(snapshot, self.catalog_path)
+            copy_atomic(snapshot, self.catalog_path, link=True)
         finally:
             snapshot.unlink(missing_ok=True)
         return rows, held_back

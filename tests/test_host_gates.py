@@ -258,3 +258,20 @@ def test_a_back_off_holds_the_host_here_and_in_the_hub_until_it_ends(rig):
     assert state.backoff_reason == "HTTP 429, Retry-After: 5"
     clock.advance(0.2 + GateConfig().linger_seconds)
     assert calls.made[asked:] and calls.made[-1][2] == 1, calls.made  # asked again
+
+
+def test_requests_one_after_another_share_a_timer(rig):
+    """A host's requests ending one after another each push their idle slot's end
+    later; the gate keeps the timer it set rather than one per request, and the slot
+    still goes back ``linger_seconds`` after the last request ended."""
+    gates, calls, clock, runner = rig
+    slots: list[Any] = []
+    for n in range(50):
+        gates.wait("a.test", f"http://a.test/{n}", 0.0, 1, slots.append)
+        clock.advance(0.01)
+        gates.done("a.test", slots[-1])
+    assert len(slots) == 50
+    assert len(clock.timers) <= 5
+    assert ("release", 1, 0) not in calls.made and calls.made.count(("exchange", 0, 1)) == 1
+    clock.advance(gates.config.linger_seconds + 0.01)
+    assert gates.snapshot() == []  # given back, the key forgotten

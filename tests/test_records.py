@@ -14,15 +14,19 @@ from datetime import UTC, datetime
 
 from scrapy.utils.defer import deferred_f_from_coro_f
 from warcio.archiveiterator import ArchiveIterator
+from warcio.statusandheaders import StatusAndHeaders
 
 from crawler.reparse.responses import build_response
 from crawler.storage.datadir import DataDir
-from crawler.storage.formats.warc import make_warc_id
-from crawler.storage.records import warc_date
+from crawler.storage.formats.warc import http_block, make_warc_id, status_line
+from crawler.storage.keys import request_key
+from crawler.storage.records import payload_digest, warc_date
+from crawler.storage.store import Store, StoreConfig
 from crawler.tools.wacz import WaczBuilder
 from tests.checks import catalog_rows, response_records
 from tests.conftest import ROOT
 from tests.crawls import crawl_site
+from tests.factories import fetch
 from tests.rawserver import RawServer, response
 
 BIN = ROOT / ".venv" / "bin"
@@ -129,3 +133,65 @@ def test_record_ids_are_random_uuid_urns():
             4,
             uuid.RFC_4122,
         )
+
+
+HEADER_CASES = [
+    [],
+    [("Content-Type", "text/html"), ("Content-Length", "12")],
+    [("X-Latin", "caf\xe9 na\xefve \xff\xfe"), ("X-Odd", "a\x85b\x0bc")],
+    [("X-Browser", "caf\u00e9 \u20ac"), ("Set-Cookie", "a=1"), ("Set-Cookie", "b=2")],
+]
+
+
+def test_http_blocks_are_the_bytes_warcio_would_write():
+    for headers in HEADER_CASES:
+        for first, made in (
+            ("HTTP/1.1 200 OK", StatusAndHeaders("200 OK", headers, protocol="HTTP/1.1")),
+            ("HTTP/1.1 299 ", StatusAndHeaders("299 ", headers, protocol="HTTP/1.1")),
+            ("GET /a?b=1 HTTP/1.1", StatusAndHeaders("GET /a?b=1 HTTP/1.1", headers,
+                                                     is_http_request=True)),
+        ):  # fmt: skip
+            text = made.to_str()
+            try:
+                expected = text.encode("latin-1") + b"\r\n"
+            except UnicodeEncodeError:
+                lines = text.splitlines(keepends=True)
+                expected = b"".join(_as_wire(line) for line in lines) + b"\r\n"
+            assert http_block(first, headers) == expected, (first, headers)
+    assert status_line(404) == "HTTP/1.1 404 Not Found"
+
+
+def _as_wire(line: str) -> bytes:
+    try:
+        return line.encode("latin-1")
+    except UnicodeEncodeError:
+        return line.encode("utf-8")
+
+
+def test_records_read_back_by_warcio_hold_what_was_served(tmp_path):
+    served = [("Content-Type", "text/html"), ("X-Latin", "caf\xe9"), ("Set-Cookie", "a=1")]
+    url = "http://example.org/page/3"
+    body = b"<html>" + bytes(range(256)) * 200
+    page = fetch(request_key(url), body, url=url, final_url=url, response_headers=served,
+                 request_headers=[("Host", "example.org")])  # fmt: skip
+    store = Store(StoreConfig(data_dir=tmp_path))
+    store.put(page)
+    store.close()
+    [path] = DataDir(tmp_path).archives()
+    with open(path, "rb") as f:
+        records = [
+            (r.rec_type, r.http_headers, r.content_stream().read(), dict(r.rec_headers.headers))
+            for r in ArchiveIterator(f)
+            if r.rec_type in ("response", "request")
+        ]
+    [(_, http, body, head)] = [r for r in records if r[0] == "response"]
+    assert body == page.body
+    assert http.statusline == "200 OK"
+    assert http.headers == [*served, ("Content-Length", str(len(page.body)))]
+    assert head["WARC-Payload-Digest"] == payload_digest(page.body)
+    [(_, request, _, _)] = [r for r in records if r[0] == "request"]
+    assert request.protocol == "GET" and request.headers == [("Host", "example.org")]
+    check = subprocess.run(
+        [sys.executable, "-m", "warcio.cli", "check", str(path)], capture_output=True, text=True
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

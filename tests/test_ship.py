@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -190,3 +191,48 @@ async def test_crawls_skip_what_other_catalogs_hold_whatever_the_shards(site, tm
     assert {u: site.counts[u.split(site.base_url)[1]] for u in urls} == before
     assert rows_by_url(tmp_path / "three0") == {}
     assert_rows_readable(tmp_path / "two0", site)
+
+
+def test_closed_files_ship_by_hard_link_on_one_file_system_the_live_log_by_copy(tmp_path):
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    store = Store(StoreConfig(data_dir=local, rollover_bytes=1))
+    for n in range(2):
+        store.put(fetch(n))
+    store.close()
+    log = DataDir(local).action_log_path
+    log.write_text('{"url": "http://example.org/page/0"}\n')
+    shipper = Shipper(local, shared, "job_1_0_p0")
+
+    done = shipper.ship()
+
+    assert len(done.archives) == 2
+    for name in done.archives:
+        here, there = DataDir(local).archive_dir / name, DataDir(shared).archive_dir / name
+        assert there.stat().st_ino == here.stat().st_ino  # no byte copied
+    assert_readable(shared, shipped_catalog(shipper))
+    shipped_log = DataDir(shared).shipped_action_log("job_1_0_p0")
+    assert shipped_log.stat().st_ino != log.stat().st_ino
+    with open(log, "a") as f:  # the crawl goes on appending to its log
+        f.write('{"url": "http://example.org/page/1"}\n')
+    assert shipped_log.read_text().count("\n") == 1
+
+
+def test_closed_files_ship_by_copy_across_file_systems(tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or shm.stat().st_dev == tmp_path.stat().st_dev:
+        pytest.skip("needs /dev/shm on a file system of its own")
+    with tempfile.TemporaryDirectory(dir=shm) as other:
+        local, shared = tmp_path / "local", Path(other) / "shared"
+        store = Store(StoreConfig(data_dir=local, rollover_bytes=1))
+        for n in range(2):
+            store.put(fetch(n))
+        store.close()
+        shipper = Shipper(local, shared, "job_1_0_p0")
+
+        done = shipper.ship()
+
+        assert len(done.archives) == 2
+        rows = shipped_catalog(shipper)
+        assert len(rows) == 2
+        assert_readable(shared, rows)
+        assert [p.name for p in shared.rglob(".*")] == []

@@ -154,6 +154,7 @@ class _Gate:
     asking: bool = False
     retry_at: float = 0.0
     timer: Timer | None = None
+    timer_at: float = 0.0  # when ``timer`` fires, local clock
     episode: WaitEpisode | None = None
     why: str = ""
     share: int = 0  # units this process may keep (0: not told yet)
@@ -294,8 +295,9 @@ class HostGates:
         now = self.clock.now()
         wake: float | None = None
         backoff = self.backoffs.until(gate.key, now)
+        slower = gate.interval * SLOWER + 0.05  # > 0: only stretches are slower
         for slot in gate.slots:
-            if slot.stretch and slot.slot.interval > gate.interval * SLOWER + 0.05:
+            if slot.slot.interval > slower:
                 # Taken at a longer interval than the host's now (AutoThrottle went
                 # down): given back once idle, and a stretch at the new pace asked for.
                 slot.retired = True
@@ -417,7 +419,13 @@ class HostGates:
         if at is None:
             return
         if gate.timer is not None and gate.timer.active():
+            if gate.timer_at <= at:
+                # The timer set fires first, and its dispatch sets the next for what is
+                # due then: each request that ends pushes an idle slot's end later, and
+                # a timer of the reactor per request cost more than the rest of the gate.
+                return
             gate.timer.cancel()
+        gate.timer_at = at
         gate.timer = self.clock.call_later(max(at - self.clock.now(), 0.0), self._woken(gate))
 
     def _woken(self, gate: _Gate) -> Callable[[], None]:

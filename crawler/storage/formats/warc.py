@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from isal import isal_zlib
-from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
 from crawler.storage.errors import ArchiveError, TruncatedRecordError
@@ -130,10 +129,9 @@ class WarcWriter(ArchiveWriter):
             self._write_hop(hop)
         date = warc_date(fetch.fetched_at)
         body = fetch.body
-        http_headers = StatusAndHeaders(
-            f"{fetch.status} {_reason(fetch.status)}",
+        http_headers = http_block(
+            status_line(fetch.status),
             payload_headers(fetch.response_headers, len(body)),
-            protocol="HTTP/1.1",
         )
         record_id = make_warc_id()
         digest = digest or payload_digest(body)
@@ -165,10 +163,9 @@ class WarcWriter(ArchiveWriter):
         X-Crawl-Key: the key's row points at the final answer, and indexing the
         archive (rebuild, repair) skips them as it skips any record without one."""
         date = warc_date(hop.fetched_at)
-        http_headers = StatusAndHeaders(
-            f"{hop.status} {_reason(hop.status)}",
+        http_headers = http_block(
+            status_line(hop.status),
             payload_headers(hop.headers, len(hop.body)),
-            protocol="HTTP/1.1",
         )
         record_id = make_warc_id()
         self._append(
@@ -239,9 +236,7 @@ class WarcWriter(ArchiveWriter):
         headers = list(request_headers)
         if header(headers, "Host") is None:
             headers.insert(0, ("Host", parts.netloc))
-        http_headers = StatusAndHeaders(
-            f"{method} {target} HTTP/1.1", headers, is_http_request=True
-        )
+        http_headers = http_block(f"{method} {target} HTTP/1.1", headers)
         return warc_record(
             "request",
             make_warc_id(),
@@ -259,10 +254,9 @@ class WarcWriter(ArchiveWriter):
         """Record a 304 answer: the stored body is still current."""
         if self._file is None:
             self._open()
-        http_headers = StatusAndHeaders(
-            f"{fetch.status} {_reason(fetch.status)}",
+        http_headers = http_block(
+            status_line(fetch.status),
             payload_headers(fetch.response_headers, 0),
-            protocol="HTTP/1.1",
         )
         warc_headers = [
             ("WARC-Date", warc_date(fetch.fetched_at)),
@@ -288,10 +282,9 @@ class WarcWriter(ArchiveWriter):
         for hop in fetch.redirects:
             self._write_hop(hop)
         date = warc_date(fetch.fetched_at)
-        http_headers = StatusAndHeaders(
-            f"{fetch.status} {_reason(fetch.status)}",
+        http_headers = http_block(
+            status_line(fetch.status),
             payload_headers(fetch.response_headers, len(fetch.body)),
-            protocol="HTTP/1.1",
         )
         record_id = make_warc_id()
         warc_headers = [
@@ -335,19 +328,20 @@ def warc_record(
     rec_type: str,
     record_id: str,
     headers: Headers,
-    http_headers: StatusAndHeaders | None,
+    http: bytes | None,
     payload,
     digest: str | None = None,
     content_type: str | None = None,
 ) -> list:
     """A WARC/1.1 record as the list of its parts (header block, HTTP headers, payload,
-    end), serialised by warcio's ``StatusAndHeaders`` as its ``WARCWriter`` does.
+    end), as warcio's ``WARCWriter`` serialises it; ``http``: the HTTP header block
+    (:func:`http_block`), None for a record without one.
 
     The digests are computed here in one pass each: warcio's writer would re-read the
     payload in 16 KiB chunks to compute them, and build every record through several
     header rewrites, which together cost as much as compressing the record.
     """
-    http_block = wire_bytes(http_headers) if http_headers is not None else b""
+    http_block = http or b""
     block = hashlib.sha1(http_block)
     block.update(payload)
     warc_headers = [("WARC-Type", rec_type), ("WARC-Record-ID", record_id), *headers]
@@ -368,8 +362,15 @@ def warc_head(headers: Headers) -> bytes:
     return "\r\n".join(["WARC/1.1", *[f"{k}: {v}" for k, v in headers], "", ""]).encode("utf-8")
 
 
-def wire_bytes(http_headers: StatusAndHeaders) -> bytes:
-    """The HTTP header block as the bytes that came over the wire.
+def status_line(status: int) -> str:
+    """A response's status line as warcio writes it: ``HTTP/1.1 200 OK``."""
+    return f"HTTP/1.1 {status} {_reason(status)}"
+
+
+def http_block(first_line: str, headers: Headers) -> bytes:
+    """The HTTP header block as the bytes that came over the wire: what warcio's
+    ``StatusAndHeaders(...).to_str()`` gives, and the blank line, built at once (the
+    class copies every header and concatenates a string per line, twice per page).
 
     Header names and values are held as the wire's bytes read as latin-1, so encoding
     them as latin-1 gives those bytes back, as warcio writes the headers it captures
@@ -377,12 +378,11 @@ def wire_bytes(http_headers: StatusAndHeaders) -> bytes:
     holding a character latin-1 cannot encode never came over the wire as bytes (a
     header a browser reported): it is written as UTF-8.
     """
-    text = http_headers.to_str()
+    text = "\r\n".join([first_line, *[f"{k}: {v}" for k, v in headers], "", ""])
     try:
-        return text.encode("latin-1") + b"\r\n"
+        return text.encode("latin-1")
     except UnicodeEncodeError:
-        lines = text.splitlines(keepends=True)
-        return b"".join(_line_bytes(line) for line in lines) + b"\r\n"
+        return b"".join(_line_bytes(line) for line in text.splitlines(keepends=True))
 
 
 def _line_bytes(line: str) -> bytes:
