@@ -163,6 +163,7 @@ class StorageExtension:
         self.waits.wake()  # waiters find no catalog: their requests are fetched
         self.counts.unchanged(*self.session.unchanged())  # the last commit's
         self._push_counts()
+        self.counts.close()
         if self.session.recovery is None:
             return  # it never opened: its error said it all
         logger.info("%s", self.outcomes())
