@@ -437,10 +437,15 @@ class Catalog:
 
     def present(self, keys: list[str]) -> set[str]:
         """The subset of ``keys`` that have a row (one query for the whole list)."""
+        return self.present_on(self.conn, keys)
+
+    @staticmethod
+    def present_on(conn: sqlite3.Connection, keys: list[str]) -> set[str]:
+        """:meth:`present` on a connection to a catalog."""
         if not keys:
             return set()
         marks = ",".join("?" * len(keys))
-        cur = self.conn.execute(f"SELECT key FROM artifacts WHERE key IN ({marks})", keys)
+        cur = conn.execute(f"SELECT key FROM artifacts WHERE key IN ({marks})", keys)
         return {k for (k,) in cur}
 
     def rows(self, where: str = "1", params: Iterable = ()) -> Iterator[Row]:

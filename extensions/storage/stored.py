@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from scrapy import Request
 
-from crawler.storage.items import parsed_keys
+from crawler.storage.items import StoredParsed, parsed_keys, stored_parsed
 from crawler.storage.records import Row
 from crawler.storage.session import StorageSession
 from extensions.archive_policy import ArchivePolicy, Decision
@@ -40,6 +40,21 @@ class StoredPages:
             return set(keys)
         return parsed_keys(self.session.catalog.conn, self.spider_name, list(keys))
 
+    def stored_parsed(self, keys: list[str]) -> StoredParsed:
+        """The stored ones among ``keys``, and those of them whose items of this spider
+        are stored (all of them when the policy does not parse stored pages), in one
+        query of the catalog (and one of the ``CATALOG_SEEN`` index, whose pages are
+        never this catalog's parsed ones)."""
+        if not self.policy.parse_stored:
+            present = self.session.present(keys)
+            return StoredParsed(present, present)
+        catalog = self.session.catalog
+        found = stored_parsed(catalog.conn, self.spider_name, keys)
+        seen = getattr(catalog, "seen", None)  # CatalogWithSeen
+        if seen is not None:
+            found.stored |= seen.present([key for key in keys if key not in found.stored])
+        return found
+
     def filter_start(self, requests: list[Request]) -> list[Request]:
         """Drop the stored ones among a batch of start requests, with one query
         (those checked already, by ``crawler.spiderkit.start``, pass as they are)."""
@@ -48,8 +63,8 @@ class StoredPages:
         unchecked = [r for r in requests if not r.meta.get("catalog_checked")]
         if not unchecked:
             return requests
-        present = self.session.present([catalog_key(r) for r in unchecked])
-        parsed = self.parsed(present)
+        found = self.stored_parsed([catalog_key(r) for r in unchecked])
+        present, parsed = found.stored, found.parsed
         out = []
         hits = []
         for request in requests:
@@ -77,8 +92,8 @@ class StoredPages:
         plain request): build them all."""
         if self.session.catalog is None or self.policy.when_stored({}) is not Decision.SKIP:
             return None
-        present = self.session.present([key for _, key in listed])
-        parsed = self.parsed(present)
+        found = self.stored_parsed([key for _, key in listed])
+        present, parsed = found.stored, found.parsed
         kept = {
             key
             for key in present
