@@ -164,6 +164,8 @@ class StorageExtension:
         self.counts.unchanged(*self.session.unchanged())  # the last commit's
         self._push_counts()
         self.counts.close()
+        for name, mib in self.session.peak.items():
+            self.stats.set_value(f"process/{name}", mib)  # process/peak_rss_mib...
         if self.session.recovery is None:
             return  # it never opened: its error said it all
         logger.info("%s", self.outcomes())
