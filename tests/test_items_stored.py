@@ -4,6 +4,8 @@ no items for are parsed from the archive, never fetched (``CATALOG_ITEMS_PARSE_S
 from __future__ import annotations
 
 import sqlite3
+import threading
+from threading import main_thread
 
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
@@ -115,15 +117,18 @@ async def test_turned_off_stored_pages_are_skipped(shop, tmp_path, data_dir):
 
 
 class CountsCatalogQueries(ProductsSpider):
-    """Counts the statements its crawl runs on the catalog's connection, from its
-    start (the data directory is open by then)."""
+    """Notes the statements its crawl runs on the catalog's connection from its start
+    (the data directory is open by then), each with whether it ran on the reactor's
+    thread."""
 
-    queries: list[str]
+    queries: list[tuple[str, bool]]
 
     async def start(self):
         self.queries = []
         catalog = StorageExtension.of(self.crawler).session.catalog
-        catalog.conn.set_trace_callback(self.queries.append)
+        catalog.conn.set_trace_callback(
+            lambda sql: self.queries.append((sql, threading.current_thread() is main_thread()))
+        )
         async for request in super().start():
             yield request
 
@@ -135,5 +140,8 @@ async def test_a_start_batch_of_an_item_spider_is_one_catalog_query(shop, tmp_pa
     listed = write_urls(tmp_path / "products.txt", urls)
     crawler = await crawl(CountsCatalogQueries, data_dir, urls=str(listed))
     assert crawler.stats.get_value("catalog/cache_hits") == PRODUCTS
-    # One batch of start requests: stored and parsed asked together.
+    # One batch of start requests: stored and parsed asked together, in a thread while
+    # the reactor goes on.
     assert len(crawler.spider.queries) == 1, crawler.spider.queries
+    ((_, on_reactor),) = crawler.spider.queries
+    assert not on_reactor

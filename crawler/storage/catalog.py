@@ -271,7 +271,10 @@ def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connecti
     if readonly:
         if not path.exists():
             raise CatalogError(f"{path}: no catalog here (run a crawl first)")
-        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=wait)
+        # Shared with a thread: a crawl asks for its start batches there, so that the
+        # reactor keeps fetching meanwhile. SQLite is built serialized here (Python's
+        # sqlite3.threadsafety is 3): a connection may serve several threads.
+        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=wait, check_same_thread=False)
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=wait, isolation_level=None)

@@ -55,7 +55,8 @@ class SeenCatalogs:
         fd, path = tempfile.mkstemp(prefix="seen-", suffix=".db", dir=tmp_dir)
         os.close(fd)
         self._path = Path(path)
-        self.conn = sqlite3.connect(path, isolation_level=None, uri=True)
+        # Asked from a thread too, as the catalog's read-only connection is.
+        self.conn = sqlite3.connect(path, isolation_level=None, uri=True, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=OFF")
         self.conn.execute("PRAGMA synchronous=OFF")
         self.conn.execute(

@@ -154,6 +154,7 @@ class StorageExtension:
             self._pusher.stop()
         self._push_counts()
         self.storing = False
+        self.stored.close()
         self._watch_writer(False)
         try:
             summary = self.session.close()
