@@ -284,7 +284,10 @@ def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connecti
             conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(f"PRAGMA busy_timeout={round(wait * 1000)}")
         conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
+        # KiB of page cache: the writer's commits of random keys gain from 64 MiB; a
+        # reader (the crawl's lookups, a tool) gets 8: the OS caches the file anyway,
+        # and a resumed list would fill all 64 in the crawl's process.
+        conn.execute(f"PRAGMA cache_size=-{8192 if readonly else 65536}")
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise CatalogError(f"{path}: not a usable SQLite catalog ({exc})") from exc
