@@ -8,9 +8,10 @@ the list. A Python set of the keys (or of their ``hash()``) costs 60 to 100 byte
 Here each key is known by its SHA-256 digest, written to a temporary file (in
 ``TMPDIR``: node-local under Slurm) in 256 buckets by the digest's first byte. A Bloom
 filter in memory says "new" for most new keys at once; its "maybe seen" is confirmed
-exactly against the digests of that bucket on disk, so the answer is never wrong, only
-slower for the few keys the filter is unsure of. The filter grows in stages, each twice
-the last (20 bits a key, 6 probes: about one false "maybe" in 8,000 keys a stage), up to
+exactly against the digests of that bucket on disk, so two keys pass for one only if
+their SHA-256 digests are equal (no such pair is known), and the few keys the filter
+is unsure of only cost a read. The filter grows in stages, each twice
+the last (20 bits a key, 6 probes: about 3 false "maybes" in 10,000 new keys), up to
 :data:`MAX_BLOOM_BYTES`; past that the last stage takes every key, and its false
 "maybes" (each one bucket read) grow with the list instead of the memory.
 
