@@ -125,7 +125,8 @@ class CountsCatalogQueries(ProductsSpider):
 
     async def start(self):
         self.queries = []
-        catalog = StorageExtension.of(self.crawler).session.catalog
+        # The batch lookups read the catalog through a connection of their own.
+        catalog = StorageExtension.of(self.crawler).stored.batch_lookup.catalog
         catalog.conn.set_trace_callback(
             lambda sql: self.queries.append((sql, threading.current_thread() is main_thread()))
         )

@@ -264,17 +264,19 @@ def readonly_uri(path: str | os.PathLike) -> str:
     return f"{uri}?mode=ro"
 
 
-def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connection:
-    """Open the catalog database with the project's pragmas."""
+def connect(
+    path: str | os.PathLike, readonly: bool = False, check_same_thread: bool = True
+) -> sqlite3.Connection:
+    """Open the catalog database with the project's pragmas; ``check_same_thread``
+    False for a connection made on one thread and used on another (one at a time)."""
     path = Path(path)
     wait = busy_timeout()
     if readonly:
         if not path.exists():
             raise CatalogError(f"{path}: no catalog here (run a crawl first)")
-        # Shared with a thread: a crawl asks for its start batches there, so that the
-        # reactor keeps fetching meanwhile. SQLite is built serialized here (Python's
-        # sqlite3.threadsafety is 3): a connection may serve several threads.
-        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=wait, check_same_thread=False)
+        conn = sqlite3.connect(
+            readonly_uri(path), uri=True, timeout=wait, check_same_thread=check_same_thread
+        )
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=wait, isolation_level=None)
@@ -333,13 +335,15 @@ def _set_tmpdir() -> None:
 class Catalog:
     """The catalog database of one data directory."""
 
-    def __init__(self, path: str | os.PathLike, readonly: bool = False):
+    def __init__(
+        self, path: str | os.PathLike, readonly: bool = False, check_same_thread: bool = True
+    ):
         _set_tmpdir()
         self.path = Path(path)
         self.readonly = readonly
         if not readonly and not self.path.exists():
             self._create()
-        self.conn = connect(self.path, readonly=readonly)
+        self.conn = connect(self.path, readonly=readonly, check_same_thread=check_same_thread)
         if readonly:
             self._check_version()
             try:

@@ -55,8 +55,7 @@ class SeenCatalogs:
         fd, path = tempfile.mkstemp(prefix="seen-", suffix=".db", dir=tmp_dir)
         os.close(fd)
         self._path = Path(path)
-        # Asked from a thread too, as the catalog's read-only connection is.
-        self.conn = sqlite3.connect(path, isolation_level=None, uri=True, check_same_thread=False)
+        self.conn = sqlite3.connect(path, isolation_level=None, uri=True)
         self.conn.execute("PRAGMA journal_mode=OFF")
         self.conn.execute("PRAGMA synchronous=OFF")
         self.conn.execute(

@@ -140,6 +140,7 @@ class StorageExtension:
             raise CloseSpider("storage_error") from None
         if recovery.indexed_rows:
             self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
+        self.stored.open()
         self.storing = True
         self._watch_writer(True)
         self._pusher.start(COUNTS_SECONDS, now=False)

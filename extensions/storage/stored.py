@@ -19,6 +19,7 @@ from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import threads
 from twisted.python.threadpool import ThreadPool
 
+from crawler.storage.batchlookup import BatchLookup
 from crawler.storage.items import StoredParsed, parsed_keys, stored_parsed
 from crawler.storage.records import Row
 from crawler.storage.session import StorageSession
@@ -41,6 +42,12 @@ class StoredPages:
         # batch's sets took (RSS measured growing with the list).
         self._pool: ThreadPool | None = None
         self._trigger = None
+        # Its connections to the catalogs, from the data directory's opening on.
+        self.batch_lookup: BatchLookup | None = None
+
+    def open(self) -> None:
+        """The session is open: connect the batch lookups to its catalogs."""
+        self.batch_lookup = BatchLookup(self.session.catalog)
 
     def lookup(self, key: str) -> Row | None:
         return self.session.lookup(key)
@@ -68,10 +75,12 @@ class StoredPages:
         return found
 
     async def in_thread(self, keys: list[str]) -> StoredParsed | None:
-        """:meth:`stored_parsed` in a thread; None when the catalog closed meanwhile
-        (the crawl is stopping)."""
+        """:meth:`stored_parsed` in a thread, through connections of its own; None
+        when the catalog is not open (or closed meanwhile: the crawl is stopping)."""
         from twisted.internet import reactor
 
+        if self.batch_lookup is None:
+            return None
         if self._pool is None:
             self._pool = ThreadPool(1, 1, name="catalog-lookup")
             self._pool.start()
@@ -82,13 +91,17 @@ class StoredPages:
         return await maybe_deferred_to_future(asked)
 
     def close(self) -> None:
-        """Stop the lookup thread (once its query, if any, is done)."""
+        """Stop the lookup thread (once its query, if any, is done), then close its
+        connections."""
         from twisted.internet import reactor
 
         trigger, self._trigger = self._trigger, None
         if trigger is not None:
             reactor.removeSystemEventTrigger(trigger)
         self._stop_pool()
+        lookup, self.batch_lookup = self.batch_lookup, None
+        if lookup is not None:
+            lookup.close()
 
     def _stop_pool(self) -> None:
         pool, self._pool = self._pool, None
@@ -96,10 +109,15 @@ class StoredPages:
             pool.stop()
 
     def _stored_parsed(self, keys: list[str]) -> StoredParsed | None:
+        lookup = self.batch_lookup
+        if lookup is None:
+            return None
         try:
-            return self.stored_parsed(keys)
-        except (sqlite3.ProgrammingError, AttributeError):
-            if self.session.catalog is None:  # closed under the query
+            return lookup.stored_parsed(
+                keys, self.spider_name if self.policy.parse_stored else None
+            )
+        except sqlite3.ProgrammingError:
+            if self.batch_lookup is None:  # closed under the query
                 return None
             raise
 
