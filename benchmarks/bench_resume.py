@@ -19,6 +19,12 @@ ahead of Scrapy: a ``Request`` built per line, dropped in batches of 256 by
 "thread" keys the next batch in a thread while this one is looked up
 (``start_thread = True``) instead of keying every batch on the reactor's thread.
 The three alternate for ``--rounds`` rounds; the ratio of each round is printed.
+
+"plain" is the least a resume must do, in a plain Python process with no Scrapy: read
+the list, sha256 each line (the key of a plain URL), look the keys up in the catalog
+2,000 at a time, write one JSON line each; its rate is compared with the crawl's skip
+rate (both without start-up), and the crawl's peak RSS with that of a crawl of a
+1-URL list (what the list adds). ``--variants after`` runs the crawl alone.
 """
 
 from __future__ import annotations
@@ -68,6 +74,37 @@ class SiteBefore(SiteSpider):
                 continue
             yield scrapy.Request(url, callback=self.parse, meta={"catalog_replay": False})
 '''
+
+
+PLAIN_LOOP = """
+import hashlib, json, sqlite3, sys, time
+urls, catalog, out = sys.argv[1:4]
+conn = sqlite3.connect(f"file:{catalog}?mode=ro", uri=True)
+started = time.perf_counter()
+with open(urls, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as log:
+    while batch := [line.rstrip("\\n") for _, line in zip(range(2000), f)]:
+        keys = [hashlib.sha256(url.encode()).hexdigest() for url in batch]
+        marks = ",".join("?" * len(keys))
+        found = {k for (k,) in conn.execute(f"SELECT key FROM artifacts WHERE key IN ({marks})", keys)}
+        for url, key in zip(batch, keys):
+            log.write(json.dumps({"url": url, "key": key, "stored": key in found}) + "\\n")
+print(time.perf_counter() - started)
+"""
+
+
+def plain(url_file: Path, data_dir: Path, urls: int, workdir: Path) -> float:
+    """The plain loop over ``url_file``: URLs per second, start-up excluded."""
+    from crawler.storage.datadir import DataDir
+
+    catalog = DataDir(data_dir).catalog_path
+    out = workdir / "plain-loop.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-c", PLAIN_LOOP, str(url_file), str(catalog), str(out)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return urls / float(done.stdout)
 
 
 def listed_line(n: int) -> str:
@@ -201,7 +238,12 @@ def _skip_rate(log_path: Path, offset: int) -> float:
     return lines / elapsed if elapsed >= 0.05 else float("nan")  # too short to tell
 
 
-def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> list[str]:
+def run(
+    urls: int = 1_000_000,
+    rounds: int = 3,
+    workdir: Path | None = None,
+    variants: tuple[str, ...] = ("after", "thread", "before"),
+) -> list[str]:
     workdir = workdir or ROOT / "bench-data" / "resume"
     workdir.mkdir(parents=True, exist_ok=True)
     data_dir, url_file = build(workdir, urls)
@@ -213,8 +255,13 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
     thread_spider = workdir / "site_thread.py"
     thread_spider.write_text(THREAD_SPIDER)
     results: dict[tuple[str, int], list[dict]] = {}
+    plain_rates: dict[int, list[float]] = {}
     sizes = [max(urls // 10, 1), urls]
     for _ in range(rounds):
+        one = head(url_file, 1)
+        results.setdefault(("after", 1), []).append(
+            crawl("after", ["crawl", "site", "-a", f"urls={one}"], data_dir, 1, workdir)
+        )
         for n in sizes:
             listed = head(url_file, n) if n < urls else url_file
             for name, args in (
@@ -222,7 +269,11 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
                 ("thread", ["runspider", str(thread_spider), "-a", f"urls={listed}"]),
                 ("before", ["runspider", str(before_spider), "-a", f"urls={listed}"]),
             ):
-                results.setdefault((name, n), []).append(crawl(name, args, data_dir, n, workdir))
+                if name in variants:
+                    results.setdefault((name, n), []).append(
+                        crawl(name, args, data_dir, n, workdir)
+                    )
+            plain_rates.setdefault(n, []).append(plain(listed, data_dir, n, workdir))
     lines.append(
         f"{'run':<8} {'URLs':>10} {'URLs/s whole':>13} {'skip URLs/s':>12} "
         f"{'seconds':>8} {'CPU s':>6} {'peak RSS MB':>12} {'load':>5}"
@@ -234,7 +285,17 @@ def run(urls: int = 1_000_000, rounds: int = 3, workdir: Path | None = None) -> 
                 f"{r['seconds']:>8.1f} {r['cpu']:>6.1f} {r['peak'] / 1e6:>12.0f} {r['load']:>5.2f}"
             )
     for n in sizes:
+        pairs = zip(results[("after", n)], plain_rates[n], strict=True)
+        each = ", ".join(
+            f"{r['skip_rate']:,.0f}/{p:,.0f} = {r['skip_rate'] / p:.2f}" for r, p in pairs
+        )
+        lines.append(f"{n:,} URLs: crawl skip rate / plain loop rate, each round: {each}")
+        peaks = zip(results[("after", n)], results[("after", 1)], strict=True)
+        each = ", ".join(f"{(r['peak'] - o['peak']) / 1e6:+.1f}" for r, o in peaks)
+        lines.append(f"{n:,} URLs: peak RSS minus a 1-URL crawl's, MB, each round: {each}")
         for other in ("before", "thread"):
+            if other not in variants:
+                continue
             ratios = [
                 b["seconds"] / a["seconds"]
                 for a, b in zip(results[("after", n)], results[(other, n)], strict=True)
@@ -251,8 +312,14 @@ def main() -> None:
     parser.add_argument("--urls", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument(
+        "--variants",
+        default="after,thread,before",
+        help="the crawls to time, of after,thread,before",
+    )
     args = parser.parse_args()
-    for line in run(args.urls, args.rounds, args.workdir):
+    variants = tuple(args.variants.split(","))
+    for line in run(args.urls, args.rounds, args.workdir, variants):
         print(line, flush=True)
 
 

@@ -1,11 +1,11 @@
 """The start path of a crawl of a long list: stored requests dropped, the rest fed lazily.
 
 A resumed crawl of a list of millions must skip what is stored at a cost close to
-nothing: start requests are looked up in the catalog in batches (one query each) and
-never enter the scheduler, the downloader or the middlewares. A spider that reads
-its list through ``crawler.spiderkit.start`` (the ``site`` spider does) skips them
-before building them, which costs less again; its requests come here checked already
-and pass as they are.
+nothing: start requests are looked up in the catalog in batches (one query each, in a
+thread while the reactor keeps fetching) and never enter the scheduler, the downloader
+or the middlewares. A spider that reads its list through ``crawler.spiderkit.start``
+(the ``site`` spider does) skips them before building them, which costs less again;
+its requests come here checked already and pass as they are.
 
 Scrapy reads a spider's start requests as fast as it can and keeps them all in the
 scheduler, so a list of millions of URLs would be held in memory whole. Here the next
@@ -53,10 +53,10 @@ class ResumeSpiderMiddleware:
                 batch.append(item)
                 if len(batch) < BATCH:
                     continue
-            for request in archive.stored.filter_start(batch):
+            for request in await archive.stored.filter_start_async(batch):
                 yield request
             batch = []
             if not isinstance(item, Request):
                 yield item
-        for request in archive.stored.filter_start(batch):
+        for request in await archive.stored.filter_start_async(batch):
             yield request

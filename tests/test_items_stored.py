@@ -4,11 +4,14 @@ no items for are parsed from the archive, never fetched (``CATALOG_ITEMS_PARSE_S
 from __future__ import annotations
 
 import sqlite3
+import threading
+from threading import main_thread
 
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
 from demo.site import DemoSite
+from extensions.storage import StorageExtension
 from spiders.products import ProductsSpider
 from tests.cmdline import read_jsonl, run_scrapy
 from tests.conftest import write_urls
@@ -111,3 +114,35 @@ async def test_turned_off_stored_pages_are_skipped(shop, tmp_path, data_dir):
     assert sum(shop.counts.values()) == 0
     assert crawler.stats.get_value("catalog/cache_hits") == PRODUCTS
     assert crawler.stats.get_value("items/stored_pages_parsed") is None
+
+
+class CountsCatalogQueries(ProductsSpider):
+    """Notes the statements its crawl runs on the catalog's connection from its start
+    (the data directory is open by then), each with whether it ran on the reactor's
+    thread."""
+
+    queries: list[tuple[str, bool]]
+
+    async def start(self):
+        self.queries = []
+        # The batch lookups read the catalog through a connection of their own.
+        catalog = StorageExtension.of(self.crawler).stored.batch_lookup.catalog
+        catalog.conn.set_trace_callback(
+            lambda sql: self.queries.append((sql, threading.current_thread() is main_thread()))
+        )
+        async for request in super().start():
+            yield request
+
+
+@deferred_f_from_coro_f
+async def test_a_start_batch_of_an_item_spider_is_one_catalog_query(shop, tmp_path, data_dir):
+    urls = product_urls(shop)
+    await crawl_products(tmp_path, data_dir, urls)  # stored, with their items
+    listed = write_urls(tmp_path / "products.txt", urls)
+    crawler = await crawl(CountsCatalogQueries, data_dir, urls=str(listed))
+    assert crawler.stats.get_value("catalog/cache_hits") == PRODUCTS
+    # One batch of start requests: stored and parsed asked together, in a thread while
+    # the reactor goes on.
+    assert len(crawler.spider.queries) == 1, crawler.spider.queries
+    ((_, on_reactor),) = crawler.spider.queries
+    assert not on_reactor

@@ -14,10 +14,10 @@ from tests.servers import free_port
 # PROGRESS_INTERVAL, so as many as the crawl takes seconds): the start ("Storing
 # in"), the list's one bad line, one line for each of the four problem URLs (the 500
 # given up, the body over DOWNLOAD_MAXSIZE, the refused connection and that host's
-# robots.txt) and the summary (outcomes, bytes stored, catalog, archive, "Spider
-# closed"). 404s and 410s are answers, stored, not problems; robots.txt's refusal goes
-# to the action log.
-MAX_LINES = 1 + 1 + 4 + 5
+# robots.txt) and the summary (outcomes, bytes stored, catalog, archive, peak RSS,
+# "Spider closed"). 404s and 410s are answers, stored, not problems; robots.txt's
+# refusal goes to the action log.
+MAX_LINES = 1 + 1 + 4 + 6
 STAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[")
 
 
@@ -46,7 +46,10 @@ def test_a_demo_crawl_with_failing_pages_prints_one_line_per_problem(site, tmp_p
     lines = [line for line in log.splitlines() if line.strip()]
     # Every line is a log line or one of the summary's printed lines: nothing spills
     # over (a dict dumped over many lines, a traceback's frames).
-    assert all(STAMP.match(line) or line.startswith(("Catalog ", "Archive ")) for line in lines)
+    assert all(
+        STAMP.match(line) or line.startswith(("Catalog ", "Archive ", "Peak RSS: "))
+        for line in lines
+    )
     others = [line for line in lines if "Progress: " not in line]
     assert len(others) <= MAX_LINES, "\n".join(others)
     robots = refused.replace("/nothing-listens-here", "/robots.txt")

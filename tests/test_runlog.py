@@ -82,3 +82,24 @@ def test_a_crawl_records_its_arguments_and_a_shell_session_is_no_run(tmp_path, s
     assert result.returncode == 0, result.stderr
     html = report.read_text()
     assert re.search(r'data-setting="-a depth">2<', html), "the report shows no -a depth"
+
+
+def test_a_crawl_records_its_peak_memory_in_runs_jsonl_and_its_summary(tmp_path, site):
+    from tests.conftest import run_crawl, write_urls
+
+    data_dir = tmp_path / "data"
+    urls = write_urls(tmp_path / "u.txt", [f"{site.base_url}/page/{n}.html" for n in range(3)])
+    crawled = run_crawl(urls, data_dir)
+    assert crawled.returncode == 0, crawled.stderr
+    lines = (data_dir / "runs.jsonl").read_text().splitlines()
+    assert len(lines) == 1  # the end is added to the run's own line
+    run = json.loads(lines[0])
+    # A Python process with Scrapy loaded holds tens of MiB; so does the writer.
+    assert 20 < run["peak_rss_mib"] < 2000
+    assert 10 < run["children_peak_rss_mib"] < 2000
+    assert run["ended"] > run["started"]
+    assert (
+        f"Peak RSS: {run['peak_rss_mib']:,.1f} MiB (crawl process), "
+        f"{run['children_peak_rss_mib']:,.1f} MiB" in crawled.stderr
+    )
+    assert f"'process/peak_rss_mib': {run['peak_rss_mib']}" in crawled.stderr

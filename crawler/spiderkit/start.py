@@ -9,8 +9,8 @@ A resumed crawl of a list of millions spends its time on the URLs it skips. Buil
 a ``scrapy.Request`` for each (its URL escaping alone was half of the cost) and
 passing it through the spider middlewares was most of that time, so the list is read
 in batches here: each line is keyed with the key its request would get, the catalog
-is asked once per batch (``StoredPages.skip_stored``, which logs and counts
-the cache hits), and requests are built only for the rest, marked as checked so that
+is asked once per batch, in a thread (``StoredPages.skip_stored``, which logs and
+counts the cache hits), and requests are built only for the rest, marked as checked so that
 the storage middlewares do not look them up again.
 
 Any spider of the project can use it; the ``site`` spider does.
@@ -120,7 +120,9 @@ async def listed_requests(
         listed, bad = keyed
         for number, text, problem in bad:
             _bad_line(spider, urls, number, text, problem)
-        stored = archive.stored.skip_stored(listed) if archive is not None and listed else None
+        stored = (
+            await archive.stored.skip_stored(listed) if archive is not None and listed else None
+        )
         skipped, kept = stored if stored is not None else ((), ())
         for url, key in listed:
             if key in skipped:

@@ -264,14 +264,19 @@ def readonly_uri(path: str | os.PathLike) -> str:
     return f"{uri}?mode=ro"
 
 
-def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connection:
-    """Open the catalog database with the project's pragmas."""
+def connect(
+    path: str | os.PathLike, readonly: bool = False, check_same_thread: bool = True
+) -> sqlite3.Connection:
+    """Open the catalog database with the project's pragmas; ``check_same_thread``
+    False for a connection made on one thread and used on another (one at a time)."""
     path = Path(path)
     wait = busy_timeout()
     if readonly:
         if not path.exists():
             raise CatalogError(f"{path}: no catalog here (run a crawl first)")
-        conn = sqlite3.connect(readonly_uri(path), uri=True, timeout=wait)
+        conn = sqlite3.connect(
+            readonly_uri(path), uri=True, timeout=wait, check_same_thread=check_same_thread
+        )
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
         conn = sqlite3.connect(path, timeout=wait, isolation_level=None)
@@ -281,7 +286,10 @@ def connect(path: str | os.PathLike, readonly: bool = False) -> sqlite3.Connecti
             conn.execute("PRAGMA synchronous=NORMAL")
         conn.execute(f"PRAGMA busy_timeout={round(wait * 1000)}")
         conn.execute("PRAGMA temp_store=MEMORY")
-        conn.execute("PRAGMA cache_size=-65536")  # 64 MiB
+        # KiB of page cache: the writer's commits of random keys gain from 64 MiB; a
+        # reader (the crawl's lookups, a tool) gets 8: the OS caches the file anyway,
+        # and a resumed list would fill all 64 in the crawl's process.
+        conn.execute(f"PRAGMA cache_size=-{8192 if readonly else 65536}")
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise CatalogError(f"{path}: not a usable SQLite catalog ({exc})") from exc
@@ -327,13 +335,15 @@ def _set_tmpdir() -> None:
 class Catalog:
     """The catalog database of one data directory."""
 
-    def __init__(self, path: str | os.PathLike, readonly: bool = False):
+    def __init__(
+        self, path: str | os.PathLike, readonly: bool = False, check_same_thread: bool = True
+    ):
         _set_tmpdir()
         self.path = Path(path)
         self.readonly = readonly
         if not readonly and not self.path.exists():
             self._create()
-        self.conn = connect(self.path, readonly=readonly)
+        self.conn = connect(self.path, readonly=readonly, check_same_thread=check_same_thread)
         if readonly:
             self._check_version()
             try:
@@ -437,10 +447,15 @@ class Catalog:
 
     def present(self, keys: list[str]) -> set[str]:
         """The subset of ``keys`` that have a row (one query for the whole list)."""
+        return self.present_on(self.conn, keys)
+
+    @staticmethod
+    def present_on(conn: sqlite3.Connection, keys: list[str]) -> set[str]:
+        """:meth:`present` on a connection to a catalog."""
         if not keys:
             return set()
         marks = ",".join("?" * len(keys))
-        cur = self.conn.execute(f"SELECT key FROM artifacts WHERE key IN ({marks})", keys)
+        cur = conn.execute(f"SELECT key FROM artifacts WHERE key IN ({marks})", keys)
         return {k for (k,) in cur}
 
     def rows(self, where: str = "1", params: Iterable = ()) -> Iterator[Row]:

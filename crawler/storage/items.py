@@ -99,6 +99,37 @@ def parsed_keys(conn: sqlite3.Connection, spider: str, keys: list[str]) -> set[s
     return found
 
 
+@dataclass
+class StoredParsed:
+    """Of a batch of keys, the stored ones, and those of them whose items of a spider
+    are stored (parsed)."""
+
+    stored: set[str]
+    parsed: set[str]
+
+
+def stored_parsed(conn: sqlite3.Connection, spider: str, keys: list[str]) -> StoredParsed:
+    """Which of ``keys`` are stored in the catalog on ``conn``, and which of those have
+    their items of ``spider`` stored: one query (a batch of start requests is asked for
+    both, and a resumed list of millions is mostly batches)."""
+    if not keys:
+        return StoredParsed(set(), set())
+    marks = ", ".join("?" * len(keys))
+    sql = (
+        f"SELECT a.key, EXISTS (SELECT 1 FROM {PAGES_TABLE} AS p "
+        "WHERE p._key = a.key AND p._spider = ?) "
+        f"FROM artifacts AS a WHERE a.key IN ({marks})"
+    )
+    try:
+        found = conn.execute(sql, (spider, *keys)).fetchall()
+    except sqlite3.OperationalError as exc:
+        if PAGES_TABLE not in str(exc):
+            raise
+        # No item stored in this catalog yet: its table is made with the first.
+        return StoredParsed(Catalog.present_on(conn, keys), set())
+    return StoredParsed({key for key, _ in found}, {key for key, parsed in found if parsed})
+
+
 def parsed_at_now() -> str:
     """The ``_parsed_at`` value of items parsed now (UTC, ISO 8601)."""
     return datetime.now(UTC).strftime(PARSED_AT_FORMAT)

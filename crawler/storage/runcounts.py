@@ -3,9 +3,10 @@
 The counts of each response are kept in a plain dict and handed to Scrapy's stats once
 a second (and at the end): the stats collector hooks every attribute access, which
 cost more per response than counting here (the history of docs/benchmarks.md). The keys that have a
-final line in this run's action log are kept too (as hashes: a resumed list of
-millions adds one each), so that a URL met again is counted as a duplicate
-(``catalog/duplicates``) instead of logged a second time.
+final line in this run's action log are kept too, exactly and in bounded memory (a
+resumed list of millions adds one each: :class:`~crawler.storage.finalkeys.FinalKeys`),
+so that a URL met again is counted as a duplicate (``catalog/duplicates``) instead of
+logged a second time.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from crawler.storage.actionlog import NOT_FINAL, OUTCOMES, Outcome
+from crawler.storage.finalkeys import FinalKeys
 
 
 class RunCounts:
@@ -24,7 +26,7 @@ class RunCounts:
         # Rows handed to the writer (fetches stored, 304s refreshed, records made): those
         # it has not reported committed are the run's storage lag.
         self.rows_sent = 0
-        self._finished: set[int] = set()
+        self._finished = FinalKeys()
         # What the writer had found unchanged at the last count (see :meth:`unchanged`).
         self._unchanged = (0, 0)
 
@@ -65,19 +67,20 @@ class RunCounts:
 
     def finished(self, key: str) -> None:
         """``key`` has its final line in this run's log now."""
-        self._finished.add(hash(key))
+        self._finished.add(key)
 
-    def first_sight(self, key: str) -> bool:
-        """Whether ``key`` has no final line in this run's log yet; it has one now."""
-        hashed = hash(key)
-        if hashed in self._finished:
-            return False
-        self._finished.add(hashed)
-        return True
+    def first_sights(self, keys: list[str]) -> list[bool]:
+        """Of each of ``keys`` in order, whether it has no final line in this run's log
+        yet; they all have one now."""
+        return self._finished.first_sights(keys)
 
     def seen(self, key: str) -> bool:
         """Whether ``key`` has its final line in this run's log."""
-        return hash(key) in self._finished
+        return key in self._finished
+
+    def close(self) -> None:
+        """Forget the final lines (their temporary file is deleted)."""
+        self._finished.close()
 
 
 def error_causes(stats: dict) -> str:

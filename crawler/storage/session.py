@@ -25,7 +25,7 @@ from crawler.storage.catalog import Catalog
 from crawler.storage.datadir import DataDir
 from crawler.storage.errors import ArchiveError, CatalogError, SettingError, StoreError
 from crawler.storage.records import Row, StoredRecord
-from crawler.storage.runlog import append_run
+from crawler.storage.runlog import append_run, end_run, peak_rss
 from crawler.storage.seen import CatalogWithSeen, with_seen
 from crawler.storage.store import Recovery, StoreConfig, recover
 from crawler.storage.writer.client import ReplyWatcher, WriterProcess
@@ -98,6 +98,7 @@ class EndSummary:
     archive_files: int
     revisits: int = 0  # fetches stored as revisits: unchanged, or by digest
     unchanged: int = 0  # of those, pages fetched again with their stored payload
+    peak: dict[str, float] = field(default_factory=dict)  # runlog.peak_rss()
 
     def text(self) -> str:
         """What the run stored, counted as its outcome line counts it: a page new to its
@@ -118,6 +119,13 @@ class EndSummary:
             f"{self.body_bytes:,} bytes of bodies.\n"
             f"Archive {self.datadir.archive_dir}: {self.archive_bytes / 1e6:.1f} MB in "
             f"{self.archive_files} files. Action log: {self.datadir.action_log_path}"
+            + (
+                f"\nPeak RSS: {self.peak['peak_rss_mib']:,.1f} MiB (crawl process), "
+                f"{self.peak['children_peak_rss_mib']:,.1f} MiB (its largest child process, "
+                "the archive writer)"
+                if self.peak
+                else ""
+            )
         )
 
 
@@ -139,6 +147,9 @@ class StorageSession:
         # Rows the writer reported committed, once closed (its summary, when it failed).
         self.rows_committed = 0
         self._unchanged = (0, 0)  # unchanged(), once closed
+        self._run: dict | None = None  # this run's line of runs.jsonl
+        # Peak memory of the crawl's process and its writer's, once closed (peak_rss()).
+        self.peak: dict[str, float] = {}
         self._lock = self.datadir.lock()
 
     @classmethod
@@ -225,7 +236,7 @@ class StorageSession:
         self._open_catalog(with_seen(self._readonly_catalog(), self.config.seen))
         self.log = ActionLog(self.datadir.action_log_path)
         if settings is not None:
-            append_run(self.datadir.runs_path, spider, settings, arguments)
+            self._run = append_run(self.datadir.runs_path, spider, settings, arguments)
         self.writer.open(self.config.store)
         # A full scan of the catalog: off the crawl's way, it only warns.
         threading.Thread(
@@ -315,7 +326,20 @@ class StorageSession:
             if self.log is not None:
                 self.log.close()
                 self.log = None
+            self._end_run()
             self._lock.release()
+
+    def _end_run(self) -> None:
+        """Note the run's peak memory, on its line of runs.jsonl too (the writer
+        process has exited: its peak counts among the children's)."""
+        self.peak = peak_rss()
+        run, self._run = self._run, None
+        if run is None:
+            return
+        try:
+            end_run(self.datadir.runs_path, run, self.peak)
+        except OSError as exc:
+            logger.warning("Could not record the run's end in %s: %s", self.datadir.runs_path, exc)
 
     def summary(self, stored: dict) -> EndSummary:
         """The end-of-crawl summary, from the writer's summary and the catalog's totals."""
@@ -334,4 +358,5 @@ class StorageSession:
             body_bytes=totals["bytes"],
             archive_bytes=archive_bytes,
             archive_files=files,
+            peak=self.peak,
         )

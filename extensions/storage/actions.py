@@ -68,7 +68,8 @@ class ActionRecorder:
             return
         counts = self.counts
         listed = len(hits)
-        hits = [hit for hit in hits if counts.first_sight(hit[1])]
+        new = counts.first_sights([key for _, key in hits])
+        hits = [hit for hit, first in zip(hits, new, strict=True) if first]
         counts.inc("progress/list_done", listed)
         if len(hits) < listed:
             counts.inc("catalog/duplicates", listed - len(hits))

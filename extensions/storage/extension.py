@@ -140,6 +140,7 @@ class StorageExtension:
             raise CloseSpider("storage_error") from None
         if recovery.indexed_rows:
             self.stats.set_value("catalog/recovered_rows", recovery.indexed_rows)
+        self.stored.open()
         self.storing = True
         self._watch_writer(True)
         self._pusher.start(COUNTS_SECONDS, now=False)
@@ -154,6 +155,7 @@ class StorageExtension:
             self._pusher.stop()
         self._push_counts()
         self.storing = False
+        self.stored.close()
         self._watch_writer(False)
         try:
             summary = self.session.close()
@@ -163,6 +165,9 @@ class StorageExtension:
         self.waits.wake()  # waiters find no catalog: their requests are fetched
         self.counts.unchanged(*self.session.unchanged())  # the last commit's
         self._push_counts()
+        self.counts.close()
+        for name, mib in self.session.peak.items():
+            self.stats.set_value(f"process/{name}", mib)  # process/peak_rss_mib...
         if self.session.recovery is None:
             return  # it never opened: its error said it all
         logger.info("%s", self.outcomes())

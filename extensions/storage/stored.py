@@ -5,14 +5,22 @@ of a list of millions must skip what is stored at a cost close to nothing: start
 requests (``middlewares/resume.py``) and listed URLs before they become requests
 (``crawler.spiderkit.start``) are looked up with one catalog query a batch, and the
 ones the policy skips are logged as cache hits in one write. Whether a stored page has
-this spider's items decides whether it is replayed for them (``ARCHIVE_POLICY``).
+this spider's items decides whether it is replayed for them (``ARCHIVE_POLICY``). The
+query of a batch runs in a thread (:meth:`StoredPages.in_thread`): the reactor keeps
+fetching while the catalog is searched.
 """
 
 from __future__ import annotations
 
-from scrapy import Request
+import sqlite3
 
-from crawler.storage.items import parsed_keys
+from scrapy import Request
+from scrapy.utils.defer import maybe_deferred_to_future
+from twisted.internet import threads
+from twisted.python.threadpool import ThreadPool
+
+from crawler.storage.batchlookup import BatchLookup
+from crawler.storage.items import StoredParsed, parsed_keys, stored_parsed
 from crawler.storage.records import Row
 from crawler.storage.session import StorageSession
 from extensions.archive_policy import ArchivePolicy, Decision
@@ -29,6 +37,17 @@ class StoredPages:
         self.policy = policy
         self.actions = actions
         self.spider_name = ""
+        # One thread of its own for the batch queries: the reactor's pool would spread
+        # them over its threads, each a malloc arena of its own that keeps what a
+        # batch's sets took (RSS measured growing with the list).
+        self._pool: ThreadPool | None = None
+        self._trigger = None
+        # Its connections to the catalogs, from the data directory's opening on.
+        self.batch_lookup: BatchLookup | None = None
+
+    def open(self) -> None:
+        """The session is open: connect the batch lookups to its catalogs."""
+        self.batch_lookup = BatchLookup(self.session.catalog)
 
     def lookup(self, key: str) -> Row | None:
         return self.session.lookup(key)
@@ -40,16 +59,94 @@ class StoredPages:
             return set(keys)
         return parsed_keys(self.session.catalog.conn, self.spider_name, list(keys))
 
-    def filter_start(self, requests: list[Request]) -> list[Request]:
-        """Drop the stored ones among a batch of start requests, with one query
-        (those checked already, by ``crawler.spiderkit.start``, pass as they are)."""
+    def stored_parsed(self, keys: list[str]) -> StoredParsed:
+        """The stored ones among ``keys``, and those of them whose items of this spider
+        are stored (all of them when the policy does not parse stored pages), in one
+        query of the catalog (and one of the ``CATALOG_SEEN`` index, whose pages are
+        never this catalog's parsed ones)."""
+        if not self.policy.parse_stored:
+            present = self.session.present(keys)
+            return StoredParsed(present, present)
+        catalog = self.session.catalog
+        found = stored_parsed(catalog.conn, self.spider_name, keys)
+        seen = getattr(catalog, "seen", None)  # CatalogWithSeen
+        if seen is not None:
+            found.stored |= seen.present([key for key in keys if key not in found.stored])
+        return found
+
+    async def in_thread(self, keys: list[str]) -> StoredParsed | None:
+        """:meth:`stored_parsed` in a thread, through connections of its own; None
+        when the catalog is not open (or closed meanwhile: the crawl is stopping)."""
+        from twisted.internet import reactor
+
+        if self.batch_lookup is None:
+            return None
+        if self._pool is None:
+            self._pool = ThreadPool(1, 1, name="catalog-lookup")
+            self._pool.start()
+            # A crawl stopped at once (a second signal) never closes the storage: its
+            # thread would keep the process from exiting.
+            self._trigger = reactor.addSystemEventTrigger("during", "shutdown", self._stop_pool)
+        asked = threads.deferToThreadPool(reactor, self._pool, self._stored_parsed, keys)
+        return await maybe_deferred_to_future(asked)
+
+    def close(self) -> None:
+        """Stop the lookup thread (once its query, if any, is done), then close its
+        connections."""
+        from twisted.internet import reactor
+
+        trigger, self._trigger = self._trigger, None
+        if trigger is not None:
+            reactor.removeSystemEventTrigger(trigger)
+        self._stop_pool()
+        lookup, self.batch_lookup = self.batch_lookup, None
+        if lookup is not None:
+            lookup.close()
+
+    def _stop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.stop()
+
+    def _stored_parsed(self, keys: list[str]) -> StoredParsed | None:
+        lookup = self.batch_lookup
+        if lookup is None:
+            return None
+        try:
+            return lookup.stored_parsed(
+                keys, self.spider_name if self.policy.parse_stored else None
+            )
+        except sqlite3.ProgrammingError:
+            if self.batch_lookup is None:  # closed under the query
+                return None
+            raise
+
+    async def filter_start_async(self, requests: list[Request]) -> list[Request]:
+        """:meth:`filter_start`, the catalog asked in a thread."""
+        keys = self._unchecked_keys(requests)
+        if not keys:
+            return requests
+        found = await self.in_thread(keys)
+        return requests if found is None else self.filter_start(requests, found)
+
+    def _unchecked_keys(self, requests: list[Request]) -> list[str]:
+        """The keys of the requests of a batch to look up (none with no catalog open)."""
         if self.session.catalog is None:
-            return requests
-        unchecked = [r for r in requests if not r.meta.get("catalog_checked")]
-        if not unchecked:
-            return requests
-        present = self.session.present([catalog_key(r) for r in unchecked])
-        parsed = self.parsed(present)
+            return []
+        return [catalog_key(r) for r in requests if not r.meta.get("catalog_checked")]
+
+    def filter_start(
+        self, requests: list[Request], found: StoredParsed | None = None
+    ) -> list[Request]:
+        """Drop the stored ones among a batch of start requests, with one query, or
+        as ``found`` says (those checked already, by ``crawler.spiderkit.start``,
+        pass as they are)."""
+        if found is None:
+            keys = self._unchecked_keys(requests)
+            if not keys:
+                return requests
+            found = self.stored_parsed(keys)
+        present, parsed = found.stored, found.parsed
         out = []
         hits = []
         for request in requests:
@@ -68,17 +165,19 @@ class StoredPages:
         self.actions.cache_hits(hits)
         return out
 
-    def skip_stored(self, listed: list[tuple[str, str]]) -> tuple[set[str], set[str]] | None:
+    async def skip_stored(self, listed: list[tuple[str, str]]) -> tuple[set[str], set[str]] | None:
         """Of a batch of listed ``(url, key)`` (the URL and key of the GET request a
         spider would build), the keys that are stored, as ``(skipped, kept)``: the
         skipped ones are logged as cache hits and counted here, so that no request is
         built for them; the kept ones are stored pages the policy replays. None when
         nothing may be skipped here (no catalog open, or the policy does not skip a
-        plain request): build them all."""
+        plain request): build them all. The catalog is asked in a thread."""
         if self.session.catalog is None or self.policy.when_stored({}) is not Decision.SKIP:
             return None
-        present = self.session.present([key for _, key in listed])
-        parsed = self.parsed(present)
+        found = await self.in_thread([key for _, key in listed])
+        if found is None:
+            return None
+        present, parsed = found.stored, found.parsed
         kept = {
             key
             for key in present
