@@ -107,12 +107,17 @@ def run_task(workdir: Path, urls: list[str], hosts: HostServers, procs: int, del
            "--tasks", "1", "--procs", str(procs), "--partition", partition,
            "--ship-every", "60", f"--{'' if start == 'fork' else 'no-'}fork-server",
            "--", *args]  # fmt: skip
+    return timed_task(cmd, env, workdir / "task.log")
+
+
+def timed_task(cmd: list[str], env: dict[str, str], log_file: Path) -> tuple[float, float]:
+    """Run a task's command, its output to *log_file*; when it started and ended."""
     started = time.monotonic()
-    with open(workdir / "task.log", "wb") as log:
+    with open(log_file, "wb") as log:
         code = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     ended = time.monotonic()
     if code != 0:
-        raise SystemExit(f"the task failed ({code}): see {workdir / 'task.log'}")
+        raise SystemExit(f"the task failed ({code}): see {log_file}")
     return started, ended
 
 
@@ -203,12 +208,7 @@ def run_queue(workdir: Path, urls: list[str], hosts: HostServers, procs: int, de
         cmd = [sys.executable, "-m", "slurm.task", "--queue", "q", "--urls", str(url_file), "--data",
                str(workdir / "data"), "--stage", str(workdir / "stage"), "--task", "0",
                "--tasks", "1", "--procs", str(procs), "--ship-every", "60", "--", *args]  # fmt: skip
-        started = time.monotonic()
-        with open(workdir / "task.log", "wb") as log:
-            code = subprocess.call(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-        ended = time.monotonic()
-        if code != 0:
-            raise SystemExit(f"the task failed ({code}): see {workdir / 'task.log'}")
+        started, ended = timed_task(cmd, env, workdir / "task.log")
         with Hub.open(hub_url) as hub:
             waited = hub.query("SELECT COALESCE(SUM(waited), 0), COUNT(*) FROM hub_proxy_usage")
         print(f"{'':<34} proxy leases {waited[0][1]}, waited for a proxy "
