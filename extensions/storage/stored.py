@@ -20,7 +20,7 @@ from twisted.internet import threads
 from twisted.python.threadpool import ThreadPool
 
 from crawler.storage.batchlookup import BatchLookup
-from crawler.storage.items import StoredParsed, parsed_keys, stored_parsed
+from crawler.storage.items import StoredParsed, parsed_keys
 from crawler.storage.records import Row
 from crawler.storage.session import StorageSession
 from extensions.archive_policy import ArchivePolicy, Decision
@@ -59,24 +59,9 @@ class StoredPages:
             return set(keys)
         return parsed_keys(self.session.catalog.conn, self.spider_name, list(keys))
 
-    def stored_parsed(self, keys: list[str]) -> StoredParsed:
-        """The stored ones among ``keys``, and those of them whose items of this spider
-        are stored (all of them when the policy does not parse stored pages), in one
-        query of the catalog (and one of the ``CATALOG_SEEN`` index, whose pages are
-        never this catalog's parsed ones)."""
-        if not self.policy.parse_stored:
-            present = self.session.present(keys)
-            return StoredParsed(present, present)
-        catalog = self.session.catalog
-        found = stored_parsed(catalog.conn, self.spider_name, keys)
-        seen = getattr(catalog, "seen", None)  # CatalogWithSeen
-        if seen is not None:
-            found.stored |= seen.present([key for key in keys if key not in found.stored])
-        return found
-
     async def in_thread(self, keys: list[str]) -> StoredParsed | None:
-        """:meth:`stored_parsed` in a thread, through connections of its own; None
-        when the catalog is not open (or closed meanwhile: the crawl is stopping)."""
+        """:meth:`_stored_parsed` in the lookup thread; None when the catalog is not
+        open (or closed meanwhile: the crawl is stopping)."""
         from twisted.internet import reactor
 
         if self.batch_lookup is None:
@@ -109,6 +94,9 @@ class StoredPages:
             pool.stop()
 
     def _stored_parsed(self, keys: list[str]) -> StoredParsed | None:
+        """The stored ones among ``keys``, and those of them whose items of this spider
+        are stored (all of them when the policy does not parse stored pages), through
+        the batch lookup's connections; None when they are closed."""
         lookup = self.batch_lookup
         if lookup is None:
             return None
@@ -143,9 +131,9 @@ class StoredPages:
         pass as they are)."""
         if found is None:
             keys = self._unchecked_keys(requests)
-            if not keys:
+            found = self._stored_parsed(keys) if keys else None
+            if found is None:
                 return requests
-            found = self.stored_parsed(keys)
         present, parsed = found.stored, found.parsed
         out = []
         hits = []
