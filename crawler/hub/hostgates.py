@@ -163,6 +163,21 @@ class _Gate:
     unsent: int = 0  # let through, not yet on the wire
     next_wire: float = 0.0  # the next request goes on the wire no earlier
 
+    def holding_back(self, now: float, backoffs: HostBackoffs) -> tuple[str, bool]:
+        """What holds this gate's requests back, and whether it is beyond the process's
+        own pace (see the module's docstring)."""
+        if backoffs.until(self.key, now) > now:
+            return f"back-off ({backoffs.reason(self.key)})", True
+        if self.slots:
+            if self.interval > 0 and self.in_flight < self.concurrency:
+                return self.why, self.why.startswith("Crawl-delay")
+            return f"concurrency {self.concurrency}", False
+        if self.queued:
+            return "other processes' turn at the host", True
+        if self.retry_at > now:
+            return "concurrency held by other processes", True
+        return ASKING, False
+
 
 class HostGates:
     def __init__(
@@ -243,7 +258,7 @@ class HostGates:
         if went:
             return
         if gate.episode is None:
-            reason, told = self._reason(gate)
+            reason, told = gate.holding_back(self.clock.now(), self.backoffs)
             gate.episode = WaitEpisode(key, url, reason, self.clock.now(), told=told)
         else:
             gate.episode.requests += 1
@@ -323,7 +338,7 @@ class HostGates:
         linger = self._drop_spent(gate, now)
         if gate.waiters:
             if gate.episode is not None:
-                gate.episode.saw(*self._reason(gate))
+                gate.episode.saw(*gate.holding_back(self.clock.now(), self.backoffs))
             # No slot is asked for while the key is backed off: it stays in the hub,
             # under the back-off, for whoever asks once it ends.
             ask_at = max(gate.retry_at, backoff)
@@ -435,22 +450,6 @@ class HostGates:
 
         return fire
 
-    def _reason(self, gate: _Gate) -> tuple[str, bool]:
-        """What holds *gate*'s requests back, and whether it is beyond the process's
-        own pace (see the module's docstring)."""
-        now = self.clock.now()
-        if self.backoffs.until(gate.key, now) > now:
-            return f"back-off ({self.backoffs.reason(gate.key)})", True
-        if gate.slots:
-            if gate.interval > 0 and gate.in_flight < gate.concurrency:
-                return gate.why, gate.why.startswith("Crawl-delay")
-            return f"concurrency {gate.concurrency}", False
-        if gate.queued:
-            return "other processes' turn at the host", True
-        if gate.retry_at > now:
-            return "concurrency held by other processes", True
-        return ASKING, False
-
     def _episode_over(self, gate: _Gate, now: float) -> None:
         episode, gate.episode = gate.episode, None
         if episode is not None:
@@ -514,7 +513,9 @@ class HostGates:
                 "slots": len(gate.slots),
                 "in_flight": gate.in_flight,
                 "waiting": len(gate.waiters),
-                "reason": self._reason(gate)[0] if gate.waiters else "",
+                "reason": gate.holding_back(self.clock.now(), self.backoffs)[0]
+                if gate.waiters
+                else "",
             }
             for gate in self._gates.values()
         ]
