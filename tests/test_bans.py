@@ -225,7 +225,7 @@ def test_proxies_that_reset_or_stall_are_banned_on_a_one_host_crawl(banning, tmp
             PROXY_LEASES_PER_PROCESS=3,
             CONCURRENT_REQUESTS=3,
             RETRY_ENABLED=1,
-            RETRY_TIMES=3,
+            RETRY_TIMES=8,  # a retry may meet a broken proxy before its ban (loaded machines)
             DOWNLOAD_TIMEOUT=4,
         )
     finally:
