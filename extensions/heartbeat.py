@@ -279,8 +279,15 @@ class HeartbeatExtension:
             detail["host_waiting"] = host_waiting
         on_wire = max(active - proxy_waiting - host_waiting, 0)
         detail["on_wire"] = on_wire
+        # Listed URLs not yet read count as work: between one response and the next
+        # start request the scheduler and the downloader can both be empty.
+        get = self.crawler.stats.get_value
+        total = get("progress/list_total")
+        listed_left = max(total - get("progress/list_done", 0), 0) if total else 0
         return {
-            "state": activity(on_wire, proxy_waiting, host_waiting, scheduled + active),
+            "state": activity(
+                on_wire, proxy_waiting, host_waiting, scheduled + active + listed_left
+            ),
             "pending": scheduled + active,
             "detail": detail,
         }
