@@ -48,6 +48,7 @@ from crawler.hub.heartbeats import (
     top,
 )
 from crawler.storage.actionlog import Outcome
+from extensions.progress import crawl_backlog
 from extensions.storage import StorageExtension
 
 if TYPE_CHECKING:
@@ -251,10 +252,7 @@ class HeartbeatExtension:
     def _work(self) -> dict[str, Any]:
         """What the crawl is doing: requests on the wire, waiting for a proxy or a host,
         pending; the hosts it holds and waits on, the proxies it leases."""
-        engine = self.crawler.engine
-        scheduler = getattr(engine, "scheduler", None)
-        scheduled = len(scheduler) if hasattr(scheduler, "__len__") else 0
-        active = len(engine.downloader.active) if engine is not None else 0
+        scheduled, active, listed_left = crawl_backlog(self.crawler)
         detail: dict[str, Any] = {}
         proxy_waiting = host_waiting = 0
         if self._pool is not None:
@@ -279,11 +277,6 @@ class HeartbeatExtension:
             detail["host_waiting"] = host_waiting
         on_wire = max(active - proxy_waiting - host_waiting, 0)
         detail["on_wire"] = on_wire
-        # Listed URLs not yet read count as work: between one response and the next
-        # start request the scheduler and the downloader can both be empty.
-        get = self.crawler.stats.get_value
-        total = get("progress/list_total")
-        listed_left = max(total - get("progress/list_done", 0), 0) if total else 0
         return {
             "state": activity(
                 on_wire, proxy_waiting, host_waiting, scheduled + active + listed_left

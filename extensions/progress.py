@@ -31,6 +31,24 @@ def format_progress(stats: dict, rate: float, list_rate: float) -> str:
     )
 
 
+def crawl_backlog(crawler) -> tuple[int, int, int]:
+    """(requests scheduled, requests in the downloader, listed URLs not yet read) of a
+    running crawl: what it has left to do."""
+    try:
+        engine = crawler.engine
+    except RuntimeError:  # not started yet (Scrapy's property raises until then)
+        engine = None
+    scheduler = getattr(engine, "scheduler", None)
+    scheduled = len(scheduler) if hasattr(scheduler, "__len__") else 0
+    active = len(engine.downloader.active) if engine is not None else 0
+    # Listed URLs not yet read count as work: between one response and the next start
+    # request the scheduler and the downloader can both be empty.
+    get = crawler.stats.get_value
+    total = get("progress/list_total")
+    listed_left = max(total - get("progress/list_done", 0), 0) if total else 0
+    return scheduled, active, listed_left
+
+
 class ProgressExtension:
     def __init__(self, crawler):
         self.interval = crawler.settings.getfloat("PROGRESS_INTERVAL")

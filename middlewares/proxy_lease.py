@@ -57,6 +57,7 @@ from crawler.hub.leases import (
 )
 from crawler.hub.runner import HubThread, LoopClock
 from crawler.signals import crawl_closing, live_settings_changed, send_action
+from extensions.progress import crawl_backlog
 from middlewares.proxy_bans import BanRules, ProxyBanJudge
 
 if TYPE_CHECKING:
@@ -380,6 +381,7 @@ class ProxyLeaseMiddleware:
             LoopClock(reactor.callLater),
             self._thread,
             _StatsAndLogs(self),
+            backlog=lambda: sum(crawl_backlog(crawler)),
         )
 
     @classmethod

@@ -164,11 +164,14 @@ class Rig:
         return lambda value: setattr(taken, name, value)
 
 
-def rig(hub: Hub, holder: Holder = HOLDER, **config: Any) -> Rig:
+def rig(
+    hub: Hub, holder: Holder = HOLDER, backlog: Callable[[], int] | None = None, **config: Any
+) -> Rig:
     proxies = ProxyPool(hub)
     clock, runner, events = ManualClock(), InlineRunner(), Recorder()
     settings = {"lease_ttl": 60.0, "heartbeat": 20.0, "poll_seconds": 2.0, "rest": NO_REST}
-    pool = LeasePool(proxies, holder, LeaseConfig(**{**settings, **config}), clock, runner, events)
+    config = LeaseConfig(**{**settings, **config})
+    pool = LeasePool(proxies, holder, config, clock, runner, events, backlog)
     pool.start()
     return Rig(pool, proxies, clock, runner, events)
 
@@ -464,3 +467,41 @@ def test_a_dropped_attempt_is_not_counted(hub):
     assert r.pool.lease_of(taken.token) is None
     assert r.events.named("released") == [(1, "rotated", True)], "its lease still rotates"
     assert r.proxies.usage()[0].requests == 0
+
+
+# --- the line of waiters ---------------------------------------------------------------------
+def test_a_freed_proxy_goes_to_the_waiting_crawl_with_the_most_work_left(hub):
+    """Two processes wait for the only proxy: when it comes free, the one whose crawl has
+    more left takes it, even when the other asks first (queue mode: the batch of the
+    busiest host must not lose its proxy to every small batch that starts)."""
+    add_proxies(hub, 1)
+    other = ProxyPool(hub).acquire(Holder("elsewhere", 9, ""), 60)
+    big = rig(hub, Holder("node", 1, ""), backlog=lambda: 300)
+    small = rig(hub, Holder("node", 2, ""), backlog=lambda: 12)
+    waiting_big, waiting_small = big.take(), small.take()
+    assert waiting_big.attempt is None and waiting_small.attempt is None
+    assert ProxyPool(hub).release(other, "released")
+    small.clock.advance(2)
+    assert waiting_small.attempt is None, "the bigger crawl waits for it"
+    big.clock.advance(2)
+    assert waiting_big.proxy_id == 1
+    assert hub.query("SELECT holder FROM hub_proxy_waiters WHERE expires >= NOW()") == [
+        (str(Holder("node", 2, "")),)
+    ], "the taker left the line; the other keeps its place"
+
+
+def test_a_pool_that_closes_while_it_waits_leaves_the_line(hub):
+    """Ctrl-C while waiting for a proxy: the place goes with the crawl, so that it holds
+    back no one (its rerun first) until it lapses."""
+    add_proxies(hub, 1)
+    other = ProxyPool(hub).acquire(Holder("elsewhere", 9, ""), 60)
+    stopped = rig(hub, Holder("node", 1, ""), backlog=lambda: 300)
+    assert stopped.take().attempt is None
+    assert hub.query("SELECT COUNT(*) FROM hub_proxy_waiters")[0][0] == 1
+    closed: list[bool] = []
+    stopped.pool.close(lambda: closed.append(True))
+    assert closed == [True]
+    assert hub.query("SELECT COUNT(*) FROM hub_proxy_waiters")[0][0] == 0
+    assert ProxyPool(hub).release(other, "released")
+    rerun = rig(hub, Holder("node", 2, ""), backlog=lambda: 10)
+    assert rerun.take().proxy_id == 1

@@ -14,6 +14,7 @@ import pytest
 from crawler.hub import Holder, Hub, LeaseStore, ProxyPool, RestPolicy, UsageCounts, lease_postgres
 from crawler.hub.lease_postgres import PostgresLeaseStore, install_functions
 from crawler.hub.lease_sqlite import SQLiteLeaseStore
+from crawler.hub.lease_store import Place
 from crawler.hub.locks import AdvisoryLock
 from tests.hubs import hub_url, pg_schema_url  # noqa: F401 - hub_url: a fixture
 from tests.test_lease_pool import rig
@@ -150,7 +151,11 @@ def test_a_rerun_of_the_crawl_takes_a_proxy_whose_rest_its_crawl_caused(hub):
     assert pool.acquire(Holder("node1", 101, "", "node1:/data/other"), 60) is None
     assert pool.acquire(Holder("node2", 101, "", ""), 60) is None, "a holder of no crawl waits"
     rerun = Holder("node1", 101, "", crawl)
-    taken = pool.acquire(rerun, 60)
+    waiter = Holder("node3", 7, "")
+    assert pool.acquire(waiter, 60, place=Place(work=1000)) is None
+    assert pool.acquire(rerun, 60, place=Place(work=10)) is None, "a stronger claim waits"
+    pool.leave_line(waiter)
+    taken = pool.acquire(rerun, 60, place=Place(work=10))
     assert taken is not None and taken.proxy_id == lease.proxy_id
     assert pool.release(taken, "banned", UsageCounts(1, bans=1), POLICY)
     assert _proxy(pool, lease.proxy_id).state == "banned"
@@ -253,3 +258,50 @@ def test_advisory_lock_keys_are_one_registry():
     for module in (hostbudget, jobs, lease_postgres, proxies, workqueue):
         source = Path(module.__file__).read_text()
         assert "7302519" not in source, f"{module.__name__} spells a key of its own"
+
+
+def _line(hub: Hub) -> list[str]:
+    return [row[0] for row in hub.query("SELECT holder FROM hub_proxy_waiters ORDER BY since")]
+
+
+def test_scarce_proxies_go_to_the_strongest_claim_in_the_line(hub):
+    """The line both stores keep: a free proxy goes to the waiter with the most work
+    left, a long wait outweighs it, a further lease yields to every waiter, a lapsed
+    place holds no one back, and enough free proxies serve all."""
+    pool = ProxyPool(hub)
+    pool.add(["http://127.0.0.1:1"])
+    no_rest = RestPolicy(0, 0, 0, 0)
+    big, small, third = (Holder("node", pid, "") for pid in (1, 2, 3))
+    held = pool.acquire(OTHER, 60)
+    assert pool.acquire(big, 60, place=Place(work=300)) is None
+    assert pool.acquire(small, 60, place=Place(work=12)) is None
+    assert _line(hub) == [str(big), str(small)]
+
+    pool.release(held, "released", UsageCounts(1), no_rest)
+    assert pool.acquire(small, 60, place=Place(work=12)) is None, "a bigger crawl waits"
+    assert pool.acquire(OTHER, 60, place=Place(work=5, further=True)) is None
+    assert str(OTHER) not in _line(hub), "a further lease takes no place"
+    taken = pool.acquire(big, 60, place=Place(work=300))
+    assert taken is not None and _line(hub) == [str(small)]
+
+    assert pool.acquire(big, 60, place=Place(work=300, further=True)) is None
+    assert pool.acquire(big, 60, place=Place(work=300)) is None, "its next lease waits"
+    pool.release(taken, "released", UsageCounts(1), no_rest)
+    # Ten minutes waited weigh more than 300 requests against 12 (log2 steps).
+    taken = pool.acquire(small, 60, waited=600, place=Place(work=12))
+    assert taken is not None and _line(hub) == [str(big)]
+
+    assert pool.acquire(third, 60, place=Place(work=1000, ttl=0.05)) is None
+    pool.release(taken, "released", UsageCounts(1), no_rest)
+    time.sleep(0.1)
+    hub.execute("UPDATE hub_proxy_waiters SET expires = NOW() - 1 WHERE holder = ?", (str(big),))
+    taken = pool.acquire(small, 60, place=Place(work=1))
+    assert taken is not None, "lapsed places hold no one back"
+    assert pool.acquire(third, 60) is None, "none free"
+
+    pool.add(["http://127.0.0.1:2", "http://127.0.0.1:3"])
+    hub.execute("UPDATE hub_proxy_waiters SET expires = NOW() + 60 WHERE holder = ?", (str(big),))
+    first = pool.acquire(OTHER, 60, place=Place(work=0))
+    assert first is not None, "two free proxies for one stronger waiter: one is for this taker"
+    assert pool.acquire(OTHER, 60, place=Place(work=0, further=True)) is None
+    assert pool.acquire(OTHER, 60) is not None, "without a place, the line is not asked"

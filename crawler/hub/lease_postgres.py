@@ -35,37 +35,79 @@ from typing import Any
 from crawler.hub.db import Hub
 from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
-from crawler.hub.lease_store import Lease, LeaseStore, RestPolicy, UsageCounts
+from crawler.hub.lease_store import (
+    LINE_MINUTE,
+    Lease,
+    LeaseStore,
+    Place,
+    RestPolicy,
+    UsageCounts,
+    line_terms,
+)
 from crawler.hub.locks import AdvisoryLock
 from crawler.redact import redact_url
 
 logger = logging.getLogger(__name__)
 
+# p_claim, p_weight, p_line_ttl: lease_store.line_terms(); p_minute: LINE_MINUTE.
 _TAKE_HEAD = """(
     p_avoid BIGINT, p_host TEXT, p_pid INTEGER, p_task TEXT, p_waited DOUBLE PRECISION,
-    p_holder TEXT, p_ttl DOUBLE PRECISION, p_crawl TEXT, OUT new_proxy BIGINT,
-    OUT new_url TEXT, OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
+    p_holder TEXT, p_ttl DOUBLE PRECISION, p_crawl TEXT, p_claim DOUBLE PRECISION,
+    p_weight DOUBLE PRECISION, p_line_ttl DOUBLE PRECISION, p_minute DOUBLE PRECISION,
+    OUT new_proxy BIGINT, OUT new_url TEXT, OUT new_lease BIGINT,
+    OUT new_started DOUBLE PRECISION
 ) LANGUAGE plpgsql"""
 _TAKE_BODY = """
 DECLARE
     t DOUBLE PRECISION := NOW();
     picked RECORD;
+    got BOOLEAN := FALSE;
+    ahead BIGINT := 0;
+    n_free BIGINT := 0;
 BEGIN
-    -- The least recently used free proxy, from the head of hub_proxies_lru.
-    SELECT id, url, state, lease_id, lease_expires INTO picked FROM hub_proxies
-    WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < t)
-        AND COALESCE(resting_until, 0) <= t AND id <> p_avoid
-    ORDER BY COALESCE(last_used, 0), id LIMIT 1 FOR UPDATE SKIP LOCKED;
-    IF NOT FOUND AND p_crawl <> '' THEN
+    IF p_claim IS NOT NULL THEN
+        -- The line: a free proxy is taken only when more are free than live waiters
+        -- have a stronger claim.
+        SELECT COUNT(*) INTO ahead FROM hub_proxy_waiters
+        WHERE holder <> p_holder AND expires >= t AND weight + (t - since) / p_minute > p_claim;
+        IF ahead > 0 THEN
+            SELECT COUNT(*) INTO n_free FROM (SELECT 1 FROM hub_proxies
+                WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < t)
+                    AND COALESCE(resting_until, 0) <= t AND id <> p_avoid
+                LIMIT ahead + 1) f;
+        END IF;
+    END IF;
+    IF ahead = 0 OR n_free > ahead THEN
+        -- The least recently used free proxy, from the head of hub_proxies_lru.
+        SELECT id, url, state, lease_id, lease_expires INTO picked FROM hub_proxies
+        WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < t)
+            AND COALESCE(resting_until, 0) <= t AND id <> p_avoid
+        ORDER BY COALESCE(last_used, 0), id LIMIT 1 FOR UPDATE SKIP LOCKED;
+        got := FOUND;
+    END IF;
+    IF NOT got AND (ahead = 0 OR n_free > ahead) AND p_crawl <> '' THEN
         -- None free: a rest this crawl's earlier process caused is not waited out by
-        -- its rerun. A query of its own, so that the pick above keeps to its index.
+        -- its rerun, unless a stronger claim waits. A query of its own, so that the
+        -- pick above keeps to its index.
         SELECT id, url, state, lease_id, lease_expires INTO picked FROM hub_proxies
         WHERE enabled = 1 AND state = 'resting' AND rest_crawl = p_crawl
             AND rest_pid <> p_pid AND id <> p_avoid
         ORDER BY COALESCE(last_used, 0), id LIMIT 1 FOR UPDATE SKIP LOCKED;
+        got := FOUND;
     END IF;
-    IF NOT FOUND THEN
+    IF NOT got THEN
+        IF p_weight IS NOT NULL THEN
+            -- Places lapsed a while ago go; about one row per waiting process stays.
+            DELETE FROM hub_proxy_waiters WHERE expires < t - p_line_ttl;
+            INSERT INTO hub_proxy_waiters (holder, since, weight, expires)
+            VALUES (p_holder, t - GREATEST(p_waited, 0), p_weight, t + p_line_ttl)
+            ON CONFLICT (holder) DO UPDATE SET since = EXCLUDED.since,
+                weight = EXCLUDED.weight, expires = EXCLUDED.expires;
+        END IF;
         RETURN;
+    END IF;
+    IF p_claim IS NOT NULL THEN
+        DELETE FROM hub_proxy_waiters WHERE holder = p_holder;
     END IF;
     IF picked.state = 'leased' THEN
         UPDATE hub_proxy_usage SET ended = picked.lease_expires, end_reason = 'expired'
@@ -131,15 +173,18 @@ _ROTATE_HEAD = """(
     p_proxy BIGINT, p_lease BIGINT, p_requests BIGINT, p_bytes BIGINT, p_failures BIGINT,
     p_bans BIGINT, p_reason TEXT, p_rest DOUBLE PRECISION, p_ban_rests DOUBLE PRECISION[],
     p_host TEXT, p_pid INTEGER, p_task TEXT, p_waited DOUBLE PRECISION, p_holder TEXT,
-    p_ttl DOUBLE PRECISION, p_crawl TEXT, OUT released BOOLEAN, OUT new_proxy BIGINT,
-    OUT new_url TEXT, OUT new_lease BIGINT, OUT new_started DOUBLE PRECISION
+    p_ttl DOUBLE PRECISION, p_crawl TEXT, p_claim DOUBLE PRECISION, p_weight DOUBLE PRECISION,
+    p_line_ttl DOUBLE PRECISION, p_minute DOUBLE PRECISION, OUT released BOOLEAN,
+    OUT new_proxy BIGINT, OUT new_url TEXT, OUT new_lease BIGINT,
+    OUT new_started DOUBLE PRECISION
 ) LANGUAGE plpgsql"""
 _ROTATE_BODY = """
 BEGIN
     released := hub_release(p_proxy, p_lease, p_requests, p_bytes, p_failures, p_bans,
         p_reason, p_rest, p_ban_rests);
     SELECT * INTO new_proxy, new_url, new_lease, new_started
-    FROM hub_take(p_proxy, p_host, p_pid, p_task, p_waited, p_holder, p_ttl, p_crawl);
+    FROM hub_take(p_proxy, p_host, p_pid, p_task, p_waited, p_holder, p_ttl, p_crawl,
+        p_claim, p_weight, p_line_ttl, p_minute);
 END
 """
 
@@ -181,8 +226,8 @@ def install_functions(hub: Hub) -> bool:
 
 
 # Parameters: the proxy to pass over (0: none), holder's host, pid and task, seconds
-# waited, the holder, the TTL, the holder's crawl.
-_ACQUIRE = "SELECT * FROM hub_take(?, ?, ?, ?, ?, ?, ?, ?)"
+# waited, the holder, the TTL, the holder's crawl, then the line's (_take_params).
+_ACQUIRE = "SELECT * FROM hub_take(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 # Parameters: proxy id, lease id, counts (requests, bytes, failures, bans), reason, rest
 # seconds, ban rests.
 _RELEASE = (
@@ -190,7 +235,9 @@ _RELEASE = (
     "set_config('synchronous_commit', 'off', true)"
 )
 # Parameters: those of _RELEASE, then those of _ACQUIRE but the first.
-_ROTATE = "SELECT * FROM hub_rotate(?, ?, ?, ?, ?, ?, ?, ?, ?::float8[], ?, ?, ?, ?, ?, ?, ?)"
+_ROTATE = (
+    "SELECT * FROM hub_rotate(?, ?, ?, ?, ?, ?, ?, ?, ?::float8[], ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 
 _RENEW = """
 WITH t AS (SELECT NOW() AS now),
@@ -236,9 +283,14 @@ class PostgresLeaseStore(LeaseStore):
         install_functions(hub)
 
     def acquire(
-        self, holder: Holder, ttl: float, waited: float = 0.0, avoid: int = 0
+        self,
+        holder: Holder,
+        ttl: float,
+        waited: float = 0.0,
+        avoid: int = 0,
+        place: Place | None = None,
     ) -> Lease | None:
-        row = self.hub.query(_ACQUIRE, (avoid, *_take_params(holder, ttl, waited)))[0]
+        row = self.hub.query(_ACQUIRE, (avoid, *_take_params(holder, ttl, waited, place)))[0]
         self._count_operation()
         return _taken(*row, ttl)
 
@@ -272,9 +324,10 @@ class PostgresLeaseStore(LeaseStore):
         holder: Holder,
         ttl: float,
         waited: float = 0.0,
+        place: Place | None = None,
     ) -> tuple[bool, Lease | None]:
         params = self._release_params(lease, reason, counts, policy)
-        params += _take_params(holder, ttl, waited)
+        params += _take_params(holder, ttl, waited, place)
         released, *taken = self.hub.query(_ROTATE, params)[0]
         self._count_operation()
         return bool(released), _taken(*taken, ttl)
@@ -321,8 +374,9 @@ class PostgresLeaseStore(LeaseStore):
         return True
 
 
-def _take_params(holder: Holder, ttl: float, waited: float) -> tuple[Any, ...]:
-    return (holder.host, holder.pid, holder.task, waited, str(holder), ttl, holder.crawl)
+def _take_params(holder: Holder, ttl: float, waited: float, place: Place | None) -> tuple[Any, ...]:
+    line = (*line_terms(place, waited), LINE_MINUTE)
+    return (holder.host, holder.pid, holder.task, waited, str(holder), ttl, holder.crawl, *line)
 
 
 def _taken(

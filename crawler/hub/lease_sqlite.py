@@ -11,9 +11,28 @@ from collections.abc import Iterable
 
 from crawler.hub.db import Transaction
 from crawler.hub.identity import Holder
-from crawler.hub.lease_store import Lease, LeaseStore, RestPolicy, UsageCounts, ban_rest
+from crawler.hub.lease_store import (
+    LINE_MINUTE,
+    Lease,
+    LeaseStore,
+    Place,
+    RestPolicy,
+    UsageCounts,
+    ban_rest,
+    line_terms,
+)
 from crawler.redact import redact_url
 
+_FREE = (
+    "enabled = 1 AND (state <> 'leased' OR lease_expires < NOW()) "
+    "AND COALESCE(resting_until, 0) <= NOW() AND id <> ?"
+)
+# Live waiters other than the taker whose claim beats its own. Parameters: the taker,
+# LINE_MINUTE, the taker's claim.
+_AHEAD = (
+    "SELECT COUNT(*) FROM hub_proxy_waiters WHERE holder <> ? AND expires >= NOW() "
+    "AND weight + (NOW() - since) / ? > ?"
+)
 # With none free, a rest the taker's own crawl caused (a proxy it released, not banned)
 # is not waited out by another process of it: a rerun. Parameters: the taker's crawl and
 # pid, the proxy to pass over.
@@ -26,20 +45,32 @@ _OWN_REST = (
 
 class SQLiteLeaseStore(LeaseStore):
     def acquire(
-        self, holder: Holder, ttl: float, waited: float = 0.0, avoid: int = 0
+        self,
+        holder: Holder,
+        ttl: float,
+        waited: float = 0.0,
+        avoid: int = 0,
+        place: Place | None = None,
     ) -> Lease | None:
+        claim, weight, line_ttl = line_terms(place, waited)
         with self.hub.transaction() as tx:
-            row = tx.execute(
-                "SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
-                "WHERE enabled = 1 AND (state <> 'leased' OR lease_expires < NOW()) "
-                "AND COALESCE(resting_until, 0) <= NOW() AND id <> ? "
-                "ORDER BY COALESCE(last_used, 0), id LIMIT 1",
-                (avoid,),
-            ).fetchone()
-            if row is None and holder.crawl:
+            row = None
+            # A stronger claim in the line goes first, for a rest of its own crawl too.
+            served = claim is None or _line_lets(tx, str(holder), avoid, claim)
+            if served:
+                row = tx.execute(
+                    f"SELECT id, url, state, lease_id, lease_expires FROM hub_proxies "
+                    f"WHERE {_FREE} ORDER BY COALESCE(last_used, 0), id LIMIT 1",
+                    (avoid,),
+                ).fetchone()
+            if row is None and served and holder.crawl:
                 row = tx.execute(_OWN_REST, (holder.crawl, holder.pid, avoid)).fetchone()
             if row is None:
+                if weight is not None:
+                    _keep_place(tx, str(holder), waited, weight, line_ttl)
                 return None
+            if claim is not None:
+                tx.execute("DELETE FROM hub_proxy_waiters WHERE holder = ?", (str(holder),))
             proxy_id, url, state, old_lease, old_expires = row
             if state == "leased" and old_lease is not None:
                 tx.execute(
@@ -124,9 +155,34 @@ class SQLiteLeaseStore(LeaseStore):
         holder: Holder,
         ttl: float,
         waited: float = 0.0,
+        place: Place | None = None,
     ) -> tuple[bool, Lease | None]:
         released = self.release(lease, reason, counts, policy)
-        return released, self.acquire(holder, ttl, waited, avoid=lease.proxy_id)
+        return released, self.acquire(holder, ttl, waited, avoid=lease.proxy_id, place=place)
+
+
+def _line_lets(tx: Transaction, holder: str, avoid: int, claim: float) -> bool:
+    """Whether a taker with *claim* may have a free proxy: more are free than live
+    waiters have a stronger claim."""
+    ahead = tx.execute(_AHEAD, (holder, LINE_MINUTE, claim)).fetchone()[0]
+    if not ahead:
+        return True
+    free = tx.execute(
+        f"SELECT COUNT(*) FROM (SELECT 1 FROM hub_proxies WHERE {_FREE} LIMIT ?)",
+        (avoid, ahead + 1),
+    ).fetchone()[0]
+    return free > ahead
+
+
+def _keep_place(tx: Transaction, holder: str, waited: float, weight: float, ttl: float) -> None:
+    # Places lapsed a while ago go; the table holds about one row per waiting process.
+    tx.execute("DELETE FROM hub_proxy_waiters WHERE expires < NOW() - ?", (ttl,))
+    tx.execute(
+        "INSERT INTO hub_proxy_waiters (holder, since, weight, expires) "
+        "VALUES (?, NOW() - ?, ?, NOW() + ?) ON CONFLICT (holder) DO UPDATE SET "
+        "since = excluded.since, weight = excluded.weight, expires = excluded.expires",
+        (holder, max(waited, 0.0), weight, ttl),
+    )
 
 
 def _add_usage(tx: Transaction, lease: Lease, counts: UsageCounts) -> None:

@@ -13,6 +13,7 @@ only picks the one its row calls for (used or not, banned how many times in a ro
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
@@ -59,6 +60,42 @@ class UsageCounts:
         taken = UsageCounts(self.requests, self.bytes, self.failures, self.bans)
         self.requests = self.bytes = self.failures = self.bans = 0
         return taken
+
+
+# A minute of waiting weighs as much in the proxies' line as twice the work left.
+LINE_MINUTE = 60.0
+
+
+@dataclass(frozen=True)
+class Place:
+    """A process's place in the hub's line for proxies (``hub_proxy_waiters``), given
+    with each take: when proxies are scarce the free ones go to the waiters with the
+    strongest claim, not to whoever asks first. Its claim is ``log2(1 + work)`` (the
+    requests its crawl has left) plus one per ``LINE_MINUTE`` it has waited: the crawl
+    with an order of magnitude more to do goes first, as the longest job does in a
+    schedule that ends soonest, yet no crawl waits long behind a bigger one. A process
+    asking for a *further* lease (it holds one) yields to every waiter and takes no
+    place. A place not asked for again within *ttl* seconds lapses (its process has
+    stopped waiting or died)."""
+
+    work: int = 0
+    further: bool = False
+    ttl: float = 15.0
+
+    @property
+    def weight(self) -> float:
+        return math.log2(1 + max(self.work, 0))
+
+
+def line_terms(place: Place | None, waited: float) -> tuple[float | None, float | None, float]:
+    """What a take passes its store's SQL about the line: (the claim to beat, None for
+    no line; the weight to keep a place with, None for none; the place's TTL). A further
+    lease's claim (-1) is beaten by every waiter's."""
+    if place is None:
+        return None, None, 0.0
+    if place.further:
+        return -1.0, None, place.ttl
+    return place.weight + max(waited, 0.0) / LINE_MINUTE, place.weight, place.ttl
 
 
 @dataclass(frozen=True)
@@ -118,10 +155,17 @@ class LeaseStore(ABC):
 
     @abstractmethod
     def acquire(
-        self, holder: Holder, ttl: float, waited: float = 0.0, avoid: int = 0
+        self,
+        holder: Holder,
+        ttl: float,
+        waited: float = 0.0,
+        avoid: int = 0,
+        place: Place | None = None,
     ) -> Lease | None:
         """Lease the least recently used free proxy but *avoid* for *ttl* seconds (an
-        expired lease on it is closed ``expired``), or return None."""
+        expired lease on it is closed ``expired``), or return None. With a *place*, a
+        free proxy is taken only when more are free than live waiters have a stronger
+        claim; otherwise the holder keeps (or takes) its place in the line."""
 
     @abstractmethod
     def renew_many(self, items: Iterable[tuple[Lease, UsageCounts]], ttl: float) -> list[bool]:
@@ -141,6 +185,7 @@ class LeaseStore(ABC):
         holder: Holder,
         ttl: float,
         waited: float = 0.0,
+        place: Place | None = None,
     ) -> tuple[bool, Lease | None]:
         """:meth:`release` *lease*, then :meth:`acquire` another proxy."""
 

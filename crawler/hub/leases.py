@@ -11,7 +11,9 @@ share of the rest) once every request it took has finished (:meth:`LeasePool.fin
 waiting then, the release and the next lease are one hub call (a rotation). A heartbeat
 renews held leases and reports their usage; a lease the hub gave to someone else meanwhile
 (it expired) is lost and used no more. With no lease usable and none to be had, a
-request waits, and the hub is asked again every ``poll_seconds``.
+request waits, and the hub is asked again every ``poll_seconds``, keeping the process's
+place in the hub's line of waiters (:class:`~crawler.hub.lease_store.Place`: the crawl
+with the most work left first, by its *backlog*, and no one waiting long).
 
 No Scrapy and no event loop in here, so that the state machine can be driven step by
 step: time and timers come from an injected :class:`Clock`, and every blocking hub call
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from crawler.hub.identity import Holder
-from crawler.hub.lease_store import Lease, RestPolicy, UsageCounts
+from crawler.hub.lease_store import Lease, Place, RestPolicy, UsageCounts
 from crawler.hub.proxies import ProxyPool
 from crawler.redact import url_credentials
 
@@ -228,13 +230,18 @@ class LeasePool:
         clock: Clock,
         runner: Runner,
         events: LeaseEvents | None = None,
+        backlog: Callable[[], int] | None = None,
     ) -> None:
+        """*backlog*: the requests the crawl has left, its claim in the hub's line of
+        processes waiting for a proxy (none: every process's claim is its wait alone)."""
         self.proxies = proxies
         self.holder = holder
         self.config = config
         self.clock = clock
         self.runner = runner
         self.events = events or LeaseEvents()
+        self.backlog = backlog
+        self._in_line = False  # whether this process may hold a place in the hub's line
         self._leases: dict[int, _Held] = {}
         self._attempts: dict[int, _Held] = {}
         self._tokens = itertools.count(1)
@@ -455,9 +462,11 @@ class LeasePool:
         *since*: when the request asking for it started waiting, if it waits."""
         self._acquiring = True
         started = self.clock.now()
+        place = self._place(holding=len(self._leases))
 
         def done(lease: Lease | None) -> None:
             self._acquiring = False
+            self._in_line = lease is None and not place.further
             if lease is None:
                 self._next_acquire = self.clock.now() + self.config.poll_seconds
                 self.events.none_free()
@@ -478,7 +487,7 @@ class LeasePool:
         waits = [w.since for w in self._waiters if w.since is not None]
         waits += [since] if since is not None else []
         waited = started - min(waits) if waits else 0.0
-        self._call(lambda: self.proxies.acquire(holder, ttl, waited), done, failed)
+        self._call(lambda: self.proxies.acquire(holder, ttl, waited, place), done, failed)
 
     def _maybe_release(self, held: _Held) -> None:
         if held.inflight > 0 or held.releasing:
@@ -514,10 +523,12 @@ class LeasePool:
         waits = [w.since for w in self._waiters if w.since is not None]
         waited = started - min(waits) if waits else 0.0
         holder, config, policy = self.holder, self.config, self._rest(held)
+        place = self._place(holding=len(self._leases) - 1)
 
         def done(result: tuple[bool, Lease | None]) -> None:
             released, lease = result
             self._acquiring = False
+            self._in_line = lease is None and not place.further
             self.events.released(LeaseView(held), reason, released)
             self._leases.pop(held.lease.lease_id, None)
             if lease is None:
@@ -539,10 +550,18 @@ class LeasePool:
 
         def rotate() -> tuple[bool, Lease | None]:
             return self.proxies.rotate(
-                held.lease, reason, counts, policy, holder, config.lease_ttl, waited
+                held.lease, reason, counts, policy, holder, config.lease_ttl, waited, place
             )
 
         self._call(rotate, done, failed)
+
+    def _place(self, holding: int) -> Place:
+        """This process's place in the hub's line, asking with *holding* leases kept:
+        a further lease yields to every process waiting for its first. The place
+        outlasts a few polls."""
+        work = self.backlog() if self.backlog is not None else 0
+        ttl = 3 * self.config.poll_seconds + 5
+        return Place(work, further=holding > 0, ttl=ttl)
 
     def _rest(self, held: _Held) -> RestPolicy:
         """The rest policy of *held*'s release: a lease that ends before its
@@ -623,7 +642,10 @@ class LeaseUpkeep:
             for held in self.pool._leases.values()
             if not (held.releasing or held.lost)
         ]
-        if not ends:
+        # A process that stops while it waits leaves the line at once: its place would
+        # hold back others, its own rerun included, until it lapsed.
+        leaving = self.pool.holder if self.pool._in_line else None
+        if not ends and leaving is None:
             done()
             return
         for held, _, _ in ends:
@@ -631,6 +653,11 @@ class LeaseUpkeep:
         batch = [
             (held.lease, reason, counts, self.pool._rest(held)) for held, reason, counts in ends
         ]
+
+        def end_all() -> list[bool]:
+            if leaving is not None:
+                self.pool.proxies.leave_line(leaving)
+            return self.pool.proxies.release_many(batch)
 
         def released(results: list[bool]) -> None:
             for (held, reason, _), ok in zip(ends, results, strict=True):
@@ -642,4 +669,4 @@ class LeaseUpkeep:
             self.pool.events.hub_failed(error, "releasing proxy leases at close")
             done()
 
-        self.pool.runner.run(lambda: self.pool.proxies.release_many(batch), released, failed)
+        self.pool.runner.run(end_all, released, failed)

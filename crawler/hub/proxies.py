@@ -24,12 +24,19 @@ from crawler.hub.errors import HubError, InvalidProxyURLError
 from crawler.hub.identity import Holder
 from crawler.hub.lease_postgres import PostgresLeaseStore
 from crawler.hub.lease_sqlite import SQLiteLeaseStore
-from crawler.hub.lease_store import END_REASONS, Lease, LeaseStore, RestPolicy, UsageCounts
+from crawler.hub.lease_store import (
+    END_REASONS,
+    Lease,
+    LeaseStore,
+    Place,
+    RestPolicy,
+    UsageCounts,
+)
 from crawler.hub.locks import AdvisoryLock
 from crawler.hub.redact import normalize_proxy_url
 from crawler.redact import redact_url
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 _STORES: dict[str, type[LeaseStore]] = {
     "sqlite": SQLiteLeaseStore,
     "postgresql": PostgresLeaseStore,
@@ -101,6 +108,16 @@ _MIGRATIONS: dict[int, list[Migration]] = {
         "ALTER TABLE hub_proxies ADD COLUMN lease_crawl TEXT",
         "ALTER TABLE hub_proxies ADD COLUMN rest_crawl TEXT",
         "ALTER TABLE hub_proxies ADD COLUMN rest_pid INTEGER",
+    ],
+    # The line of processes waiting for a proxy (lease_store.Place): since when each
+    # waits, the weight of its work left, and when its place lapses unless asked again.
+    6: [
+        """CREATE TABLE IF NOT EXISTS hub_proxy_waiters (
+            holder TEXT PRIMARY KEY,
+            since {real} NOT NULL,
+            weight {real} NOT NULL,
+            expires {real} NOT NULL
+        )""",
     ],
 }
 
@@ -314,11 +331,15 @@ class ProxyPool:
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     # --- leases (the store of the hub's backend) --------------------------------------
-    def acquire(self, holder: Holder, ttl: float, waited: float = 0.0) -> Lease | None:
+    def acquire(
+        self, holder: Holder, ttl: float, waited: float = 0.0, place: Place | None = None
+    ) -> Lease | None:
         """Lease the least recently used free proxy for *ttl* seconds, or return None.
 
-        *waited*: how long the holder has had requests waiting for a proxy (for stats)."""
-        return self.store.acquire(holder, ttl, waited)
+        *waited*: how long the holder has had requests waiting for a proxy (kept with the
+        lease, and its claim in the line); *place*: the holder's place in the line of
+        waiters (None: take any free proxy)."""
+        return self.store.acquire(holder, ttl, waited, place=place)
 
     def renew(self, lease: Lease, ttl: float, counts: UsageCounts | None = None) -> bool:
         """Extend a lease by *ttl* from now and record usage; False if the lease was lost."""
@@ -348,12 +369,17 @@ class ProxyPool:
         holder: Holder,
         ttl: float,
         waited: float = 0.0,
+        place: Place | None = None,
     ) -> tuple[bool, Lease | None]:
         """:meth:`release` *lease*, then :meth:`acquire` the next (never the same proxy):
         (whether the release found the lease, the new lease or None). One call of
         ``hub_rotate`` on PostgreSQL."""
         _check_reason(reason)
-        return self.store.rotate(lease, reason, counts, policy, holder, ttl, waited)
+        return self.store.rotate(lease, reason, counts, policy, holder, ttl, waited, place)
+
+    def leave_line(self, holder: Holder) -> None:
+        """Give up *holder*'s place in the line of waiters (it stopped waiting)."""
+        self.hub.execute("DELETE FROM hub_proxy_waiters WHERE holder = ?", (str(holder),))
 
     def release_many(
         self, ends: Iterable[tuple[Lease, str, UsageCounts, RestPolicy]]
