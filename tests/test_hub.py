@@ -178,7 +178,8 @@ def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
     with Hub.open(hub_url) as hub:
         ProxyPool(hub)
         assert "hub_proxies_lru" in _indexes(hub)
-        # Back to version 1: without what versions 2 to 5 added.
+        # Back to version 1: without what versions 2 to 6 added.
+        hub.execute("DROP TABLE hub_proxy_waiters")
         for column in ("lease_crawl", "rest_crawl", "rest_pid"):
             hub.execute(f"ALTER TABLE hub_proxies DROP COLUMN {column}")
         hub.execute("DROP INDEX hub_proxies_lru")
@@ -191,8 +192,9 @@ def test_a_version_1_hub_is_upgraded(hub_url):  # noqa: F811
         hub.execute("DELETE FROM hub_schema WHERE version > 1")
     with Hub.open(hub_url) as hub:
         pool = ProxyPool(hub)
-        assert pool.schema_version() == SCHEMA_VERSION == 5
+        assert pool.schema_version() == SCHEMA_VERSION == 6
         assert {"hub_proxies_lru", "hub_proxy_usage_started"} <= _indexes(hub)
+        assert hub.has_table("hub_proxy_waiters")
         if hub.backend == "postgresql":
             assert _functions(hub) == {"hub_rotate", "hub_take", "hub_release"}
         pool.add(["http://127.0.0.1:3128"])
