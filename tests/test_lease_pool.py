@@ -165,7 +165,7 @@ class Rig:
 
 
 def rig(
-    hub: Hub, holder: Holder = HOLDER, backlog: Callable[[], int] | None = None, **config: Any
+    hub: Hub, holder: Holder = HOLDER, backlog: Callable[[], int] = lambda: 0, **config: Any
 ) -> Rig:
     proxies = ProxyPool(hub)
     clock, runner, events = ManualClock(), InlineRunner(), Recorder()

@@ -114,6 +114,12 @@ class LeaseConfig:
     poll_seconds: float = 2.0
     rest: RestPolicy = field(default_factory=RestPolicy)
 
+    def place(self, work: int, holding: int) -> Place:
+        """A process's place in the hub's line, with *work* left and *holding* leases
+        kept: a further lease yields to every process waiting for its first. The place
+        outlasts a few polls."""
+        return Place(work, further=holding > 0, ttl=3 * self.poll_seconds + 5)
+
 
 @dataclass(eq=False)
 class _Held:
@@ -230,10 +236,10 @@ class LeasePool:
         clock: Clock,
         runner: Runner,
         events: LeaseEvents | None = None,
-        backlog: Callable[[], int] | None = None,
+        backlog: Callable[[], int] = lambda: 0,
     ) -> None:
         """*backlog*: the requests the crawl has left, its claim in the hub's line of
-        processes waiting for a proxy (none: every process's claim is its wait alone)."""
+        processes waiting for a proxy (by default none: a process's claim is its wait)."""
         self.proxies = proxies
         self.holder = holder
         self.config = config
@@ -462,7 +468,7 @@ class LeasePool:
         *since*: when the request asking for it started waiting, if it waits."""
         self._acquiring = True
         started = self.clock.now()
-        place = self._place(holding=len(self._leases))
+        place = self.config.place(self.backlog(), holding=len(self._leases))
 
         def done(lease: Lease | None) -> None:
             self._acquiring = False
@@ -523,7 +529,7 @@ class LeasePool:
         waits = [w.since for w in self._waiters if w.since is not None]
         waited = started - min(waits) if waits else 0.0
         holder, config, policy = self.holder, self.config, self._rest(held)
-        place = self._place(holding=len(self._leases) - 1)
+        place = self.config.place(self.backlog(), holding=len(self._leases) - 1)
 
         def done(result: tuple[bool, Lease | None]) -> None:
             released, lease = result
@@ -554,14 +560,6 @@ class LeasePool:
             )
 
         self._call(rotate, done, failed)
-
-    def _place(self, holding: int) -> Place:
-        """This process's place in the hub's line, asking with *holding* leases kept:
-        a further lease yields to every process waiting for its first. The place
-        outlasts a few polls."""
-        work = self.backlog() if self.backlog is not None else 0
-        ttl = 3 * self.config.poll_seconds + 5
-        return Place(work, further=holding > 0, ttl=ttl)
 
     def _rest(self, held: _Held) -> RestPolicy:
         """The rest policy of *held*'s release: a lease that ends before its
