@@ -49,6 +49,14 @@ def crawl_backlog(crawler) -> tuple[int, int, int]:
     return scheduled, active, listed_left
 
 
+def requests_left(crawler) -> int:
+    """About how many requests a running crawl has left: its listed URLs not yet done,
+    or, where it follows links, what is scheduled and in flight if that is more (the
+    listed URLs among them are not counted twice)."""
+    scheduled, active, listed_left = crawl_backlog(crawler)
+    return max(scheduled + active, listed_left)
+
+
 class ProgressExtension:
     def __init__(self, crawler):
         self.interval = crawler.settings.getfloat("PROGRESS_INTERVAL")

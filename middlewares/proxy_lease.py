@@ -57,7 +57,7 @@ from crawler.hub.leases import (
 )
 from crawler.hub.runner import HubThread, LoopClock
 from crawler.signals import crawl_closing, live_settings_changed, send_action
-from extensions.progress import crawl_backlog
+from extensions.progress import requests_left
 from middlewares.proxy_bans import BanRules, ProxyBanJudge
 
 if TYPE_CHECKING:
@@ -381,7 +381,7 @@ class ProxyLeaseMiddleware:
             LoopClock(reactor.callLater),
             self._thread,
             _StatsAndLogs(self),
-            backlog=lambda: sum(crawl_backlog(crawler)),
+            backlog=lambda: requests_left(crawler),
         )
 
     @classmethod
