@@ -349,6 +349,8 @@ BLOCK = 1 << 20  # UrlList.count() reads the list in blocks of this size
         # Lines that end, or comments that start, exactly where a block does.
         ("a" * (BLOCK - 1) + "\nb\n", 2),
         ("a" * (BLOCK - 2) + "\n#c\nb\n", 2),
+        ("a" * (BLOCK - 1) + "\n#c\nb\n", 2),
+        ("a" * (BLOCK - 1) + "\n\nb\n", 2),
         ("a" * BLOCK + "\n\n#c\n", 1),
         ("a" * (BLOCK - 1) + "\n" + "b" * BLOCK + "\nc", 3),
     ],

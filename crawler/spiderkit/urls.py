@@ -100,9 +100,9 @@ class UrlList:
         last = b"\n"
         with open(self.path, "rb") as f:
             while block := f.read(1 << 20):
-                # From position 1, "^" matches only after a newline: a line split
-                # between two blocks is counted once.
-                entries += len(_ENTRY_START.findall(last + block, 1))
+                # Each entry starts after a newline (``last`` is the previous block's
+                # end): a line split between two blocks is counted once.
+                entries += _entries(last + block)
                 last = block[-1:]
         return entries
 
@@ -127,3 +127,13 @@ def in_shard(key: str, shard: tuple[int, int] | None) -> bool:
 
 _BOM = b"\xef\xbb\xbf"
 _ENTRY_START = re.compile(rb"(?m)^[^#\r\n]")
+
+
+def _entries(data: bytes) -> int:
+    """Newlines of ``data`` followed in it by an entry's first character (not ``#``
+    or a line end). The count holds the GIL, so the crawl's thread waits while it
+    runs: a plain count of newlines is ~10 times faster than the regex, which only
+    the few blocks with a comment or blank line need."""
+    if b"\n#" in data or b"\n\n" in data or b"\n\r" in data:
+        return len(_ENTRY_START.findall(data, 1))
+    return data.count(b"\n", 0, len(data) - 1)
