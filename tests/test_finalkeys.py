@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from crawler.storage import finalkeys
 from crawler.storage.finalkeys import FinalKeys
 
@@ -30,4 +32,33 @@ def test_the_filter_grows_in_stages_up_to_its_bound():
     assert 250_000 <= filter_bytes <= 2 * 250_000 + 64
     assert filter_bytes <= finalkeys.MAX_BLOOM_BYTES
     assert all(f"k{n}" in keys for n in range(0, 100_000, 97))
+    keys.close()
+
+
+def test_hex_keys_and_other_keys_are_told_apart_exactly(monkeypatch):
+    # A crawl's keys are hexdigests, read back as the bytes they spell; a string that
+    # only looks like one (upper case, white space, a letter past f) is hashed. With
+    # every answer from disk, each is its own key, whether met alone or in a batch.
+    monkeypatch.setattr(finalkeys, "MAX_BLOOM_BYTES", 16)
+    hexes = [hashlib.sha256(b"%d" % n).hexdigest() for n in range(40_000)]
+    keys = FinalKeys(first_stage_bytes=16)
+    assert all(keys.first_sights(hexes))  # over a chunk (128) a bucket
+    assert not any(keys.first_sights(hexes[::-1]))
+    assert not any(keys.first_sight(key) for key in hexes[::7])
+    lookalikes = [
+        hexes[0].upper(),
+        hexes[1][:32] + " " + hexes[1][33:],
+        "g" + hexes[2][1:],
+        hexes[3][:63],
+        hexes[4] + "0",
+    ]
+    assert keys.first_sights(lookalikes) == [True] * 5
+    assert keys.first_sights([hexes[10].upper(), hexes[11]]) == [True, False]
+    assert keys.first_sight(hexes[12].upper())
+    assert not any(key in keys for key in [hexes[5].upper(), "g" + hexes[6][1:]])
+    assert all(key in keys for key in lookalikes)
+    mixed = [hashlib.sha256(b"x%d" % n).hexdigest() for n in range(3)] + ["not hex"]
+    assert keys.first_sights(mixed) == [True] * 4
+    assert keys.first_sights(mixed + [hexes[9]]) == [False] * 5
+    assert len(keys) == 40_011
     keys.close()

@@ -5,7 +5,9 @@ one, for every key of a list of millions, exactly and in memory that does not gr
 the list. A Python set of the keys (or of their ``hash()``) costs 60 to 100 bytes a key,
 ~1 GB for 10 million, and two keys of one 64-bit hash would pass for one.
 
-Here each key is known by its SHA-256 digest, written to a temporary file (in
+Here each key is known by 32 bytes, its digest: a crawl's keys are SHA-256 digests
+in lowercase hex already (``crawler/storage/keys.py``), read back as the bytes they
+spell; any other string is hashed with SHA-256. The digests are written to a temporary file (in
 ``TMPDIR``: node-local under Slurm) in 256 buckets by the digest's first byte. A Bloom
 filter in memory says "new" for most new keys at once; its "maybe seen" is confirmed
 exactly against the digests of that bucket on disk, so two keys pass for one only if
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import tempfile
 from array import array
 from collections.abc import Iterable
@@ -39,11 +42,33 @@ PROBES = 6  # bit positions a key sets, each from 4 bytes of its digest
 DIGEST_SIZE = 32
 # Digests of a bucket gathered in memory before they are written (4 KiB a bucket).
 CHUNK_DIGESTS = 128
+_CHUNK_BYTES = CHUNK_DIGESTS * DIGEST_SIZE
 _SHIFTS = tuple(32 * i for i in range(PROBES))
 
 
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
+
+
 def digest(key: str) -> bytes:
+    """The 32 bytes ``key`` spells in hex, or its SHA-256 digest when it spells none
+    (a hexdigest only equals another string's digest if SHA-256 collides)."""
+    if len(key) == 64 and _HEX_DIGEST.match(key):
+        return bytes.fromhex(key)
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def digests(keys: list[str]) -> list[bytes]:
+    """:func:`digest` of each of ``keys``; a batch of hexdigests (the usual one) is read
+    in one call."""
+    joined = "".join(keys)
+    if keys and len(joined) == 64 * len(keys) and min(map(len, keys)) == 64:
+        try:
+            raw = bytes.fromhex(joined)  # refuses what is not hex but white space
+        except ValueError:
+            raw = b""
+        if len(raw) == DIGEST_SIZE * len(keys) and joined == joined.lower():
+            return [raw[at : at + DIGEST_SIZE] for at in range(0, len(raw), DIGEST_SIZE)]
+    return [digest(key) for key in keys]
 
 
 class _Stage:
@@ -116,23 +141,34 @@ class _Spill:
     def add(self, d: bytes) -> None:
         bucket = self._gathered[d[0]]
         bucket += d
-        if len(bucket) >= CHUNK_DIGESTS * DIGEST_SIZE:
+        if len(bucket) >= _CHUNK_BYTES:
             self._flush(d[0])
 
+    def add_many(self, digests: list[bytes]) -> None:
+        gathered = self._gathered
+        for d in digests:
+            gathered[d[0]] += d
+        for first, bucket in enumerate(gathered):
+            if len(bucket) >= _CHUNK_BYTES:
+                self._flush(first)
+
     def _flush(self, first: int) -> None:
+        """Write the bucket's full chunks (each read back whole by :meth:`holds`)."""
         bucket = self._gathered[first]
-        os.pwrite(self._fd, bucket, self._end)
-        self._chunks[first].append(self._end)
-        self._end += len(bucket)
-        bucket.clear()
+        while len(bucket) >= _CHUNK_BYTES:
+            os.pwrite(self._fd, bucket[:_CHUNK_BYTES], self._end)
+            self._chunks[first].append(self._end)
+            self._end += _CHUNK_BYTES
+            del bucket[:_CHUNK_BYTES]
 
     def holds(self, d: bytes) -> bool:
         """Whether ``d`` was added (read from disk: called on a filter's "maybe")."""
         first = d[0]
         if _aligned_in(self._gathered[first], d):
             return True
-        size = CHUNK_DIGESTS * DIGEST_SIZE
-        return any(_aligned_in(os.pread(self._fd, size, at), d) for at in self._chunks[first])
+        return any(
+            _aligned_in(os.pread(self._fd, _CHUNK_BYTES, at), d) for at in self._chunks[first]
+        )
 
     def close(self) -> None:
         self._file.close()
@@ -186,11 +222,11 @@ class FinalKeys:
     def first_sights(self, keys: Iterable[str]) -> list[bool]:
         """:meth:`first_sight` of each of ``keys`` in order (one met twice in ``keys``
         is new the first time only)."""
-        digests = [digest(key) for key in keys]
+        digested = digests(list(keys))
         first_at: dict[bytes, int] = {}
-        for i, d in enumerate(digests):
+        for i, d in enumerate(digested):
             first_at.setdefault(d, i)
-        new = [False] * len(digests)
+        new = [False] * len(digested)
         unique = list(first_at)
         if not unique:
             return new
@@ -263,5 +299,7 @@ class FinalKeys:
 
     def _add_many(self, digests: list[bytes]) -> None:
         self._stage_for(len(digests)).add_many(self._words(digests))
-        for d in digests:
-            self._spill_add(d)
+        if self._spill is None:
+            self._spill = _Spill(self._tmp_dir)
+        self._spill.add_many(digests)
+        self.count += len(digests)
