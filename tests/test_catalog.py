@@ -349,3 +349,44 @@ def test_a_batch_that_fails_commits_none_of_it_and_the_next_batch_commits(tmp_pa
         assert batch.flush() == 2  # the failed batch's row goes with the next
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as reader:
         assert reader.execute("SELECT count(*) FROM artifacts").fetchone() == (2,)
+
+
+def test_a_start_batch_lookup_tells_stored_parsed_and_seen_apart(tmp_path):
+    # What a resumed list's batch is asked: stored here or in a CATALOG_SEEN catalog,
+    # and parsed for this spider (pages with items of another spider are not).
+    from crawler.storage.batchlookup import BatchLookup
+    from crawler.storage.items import PAGES_SQL, PAGES_TABLE
+    from crawler.storage.seen import CatalogWithSeen, SeenCatalogs
+
+    (tmp_path / "old" / "archive").mkdir(parents=True)
+    (tmp_path / "old" / "archive" / "a.warc.gz").write_bytes(b"")
+    with Catalog(tmp_path / "old" / "metadata.db") as old, old.writer() as batch:
+        for key in ("s0", "s1", "k3"):
+            batch.upsert(row(key))
+    seen = SeenCatalogs([str(tmp_path / "old" / "metadata.db")], tmp_dir=str(tmp_path))
+    catalog = Catalog(tmp_path / "metadata.db")
+    with catalog.writer() as batch:
+        for i in range(10):
+            batch.upsert(row(f"k{i}"))
+    lookup = BatchLookup(CatalogWithSeen(catalog, seen))
+    keys = [f"k{i}" for i in range(10)] + ["x1", "s0", "s1", "k0", "x2"]
+    try:
+        stored = {f"k{i}" for i in range(10)} | {"s0", "s1"}
+        found = lookup.stored_parsed(keys, None)
+        assert (found.stored, found.parsed) == (stored, stored)
+        found = lookup.stored_parsed(keys, "shop")  # no item stored yet: no pages table
+        assert (found.stored, found.parsed) == (stored, set())
+        with catalog.conn:
+            catalog.conn.execute(PAGES_SQL)
+            catalog.conn.executemany(
+                f"INSERT INTO {PAGES_TABLE} VALUES (?, ?, '[]', 1, '')",
+                [(f"k{i}", "shop") for i in range(4)] + [("k5", "other"), ("x1", "shop")],
+            )
+        found = lookup.stored_parsed(keys, "shop")
+        assert found.stored == stored
+        assert found.parsed == {"k0", "k1", "k2", "k3"}  # x1: parsed, not stored
+        assert lookup.stored_parsed([], "shop").stored == set()
+    finally:
+        lookup.close()
+        catalog.close()
+        seen.close()

@@ -40,11 +40,9 @@ class BatchLookup:
             found = StoredParsed(present, present)
         else:
             found = stored_parsed(self.catalog.conn, spider, keys)
-        rest = [key for key in keys if key not in found.stored]
-        if self.seen is not None and rest:
-            marks = ",".join("?" * len(rest))
-            sql = f"SELECT key FROM seen WHERE key IN ({marks})"
-            seen = {key for (key,) in self.seen.execute(sql, rest)}
+        if self.seen is not None and len(found.stored) < len(keys):
+            rest = [key for key in keys if key not in found.stored]
+            seen = set(rest) - Catalog.absent_on(self.seen, rest, "seen")
             found.stored |= seen
             if spider is None:
                 found.parsed = found.stored

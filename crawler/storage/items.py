@@ -111,23 +111,26 @@ class StoredParsed:
 def stored_parsed(conn: sqlite3.Connection, spider: str, keys: list[str]) -> StoredParsed:
     """Which of ``keys`` are stored in the catalog on ``conn``, and which of those have
     their items of ``spider`` stored: one query (a batch of start requests is asked for
-    both, and a resumed list of millions is mostly batches)."""
+    both, and a resumed list of millions is mostly batches). The query returns the keys
+    that are not both stored and parsed, the few of a resumed list (see
+    ``Catalog.absent_on``)."""
     if not keys:
         return StoredParsed(set(), set())
-    marks = ", ".join("?" * len(keys))
     sql = (
-        f"SELECT a.key, EXISTS (SELECT 1 FROM {PAGES_TABLE} AS p "
-        "WHERE p._key = a.key AND p._spider = ?) "
-        f"FROM artifacts AS a WHERE a.key IN ({marks})"
+        "SELECT key, stored FROM (SELECT column1 AS key, "
+        "EXISTS (SELECT 1 FROM artifacts WHERE artifacts.key = column1) AS stored, "
+        f"EXISTS (SELECT 1 FROM {PAGES_TABLE} WHERE _key = column1 AND _spider = ?) AS parsed "
+        f"FROM (VALUES {','.join(['(?)'] * len(keys))})) WHERE NOT (stored AND parsed)"
     )
     try:
-        found = conn.execute(sql, (spider, *keys)).fetchall()
+        unparsed = conn.execute(sql, (spider, *keys)).fetchall()
     except sqlite3.OperationalError as exc:
         if PAGES_TABLE not in str(exc):
             raise
         # No item stored in this catalog yet: its table is made with the first.
         return StoredParsed(Catalog.present_on(conn, keys), set())
-    return StoredParsed({key for key, _ in found}, {key for key, parsed in found if parsed})
+    stored = set(keys) - {key for key, present in unparsed if not present}
+    return StoredParsed(stored, stored - {key for key, _ in unparsed})
 
 
 def parsed_at_now() -> str:
