@@ -18,7 +18,7 @@ import scrapy
 from scrapy.statscollectors import StatsCollector
 from scrapy.utils.defer import deferred_f_from_coro_f
 
-from crawler.spiderkit.start import _verbatim, listed_key
+from crawler.spiderkit.start import listed_key
 from crawler.spiderkit.urls import check_url, in_shard
 from crawler.storage.keys import plain_key, request_key
 from spiders.site import SiteSpider
@@ -91,10 +91,40 @@ def test_a_list_line_gets_the_key_of_the_request_scrapy_builds_from_it():
             assert listed_key(text)[2], text
             continue
         assert listed_key(text) == (url, request_key(url), None), text
-        if plain_key(text) is not None:
-            assert plain_key(text) == request_key(text), text
-            plain += _verbatim(text)
+        if plain_key(text) is not None:  # taken as it is by the cheap path
+            assert (url, plain_key(text)) == (text, request_key(text)), text
+            plain += 1
     assert plain > 500  # the cheap path is really exercised
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "http://a.com/p?a=1&b=2",
+        "http://a.com/p?b=2&a=1",
+        "http://a.com/p?a-b=1&a=2",  # "-" sorts before "=" as text, after it as a name
+        "http://a.com/p?a=2&a=1",
+        "http://a.com/p?a=1&a=1",
+        "http://a.com/p?=a&b=1",
+        "http://a.com/p?a",
+        "http://a.com/p?a=",
+        "http://a.com/p?a==1",
+        "http://a.com/p?a=1&&b=2",
+        "http://a.com/p?a=1&b",
+        "http://a.com/p?a=1&b=2&c=3",
+        "http://a.com/p?c=1&b=2&a=3",
+        "https://a.com:443/p?b=1&a=2",
+        "http://a.com:8080/p/./q?a=1",
+        "http://a.com?x=1",
+        "http://a.com/p?",
+        "http://a.com",
+    ],
+)
+def test_a_plain_list_line_gets_the_key_of_the_request_scrapy_builds(text):
+    url = scrapy.Request(text).url
+    assert listed_key(text) == (url, request_key(url), None)
+    key = plain_key(text)
+    assert key is None or (text, key) == (url, request_key(url))
 
 
 @pytest.mark.parametrize("thread", [False, True])

@@ -9,9 +9,10 @@ A resumed crawl of a list of millions spends its time on the URLs it skips. Buil
 a ``scrapy.Request`` for each (its URL escaping alone was half of the cost) and
 passing it through the spider middlewares was most of that time, so the list is read
 in batches here: each line is keyed with the key its request would get, the catalog
-is asked once per batch, in a thread (``StoredPages.skip_stored``, which logs and
-counts the cache hits), and requests are built only for the rest, marked as checked so that
-the storage middlewares do not look them up again.
+is asked once per batch, in a thread (``StoredPages.ask_listed``; ``skip_listed`` logs
+and counts the cache hits), while the next batch is keyed, and requests are built only
+for the rest, marked as checked so that the storage middlewares do not look them up
+again.
 
 Any spider of the project can use it; the ``site`` spider does.
 """
@@ -43,7 +44,7 @@ def listed_key(text: str) -> tuple[str, str | None, str | None]:
     """``(url, key, problem)`` of a list line: the URL a ``scrapy.Request`` built from
     it holds and that request's key (``request_key(scrapy.Request(text).url)``), or
     why the line is not a URL to fetch (``url`` is then ``text``, ``key`` None)."""
-    key = plain_key(text) if _verbatim(text) else None
+    key = plain_key(text)
     if key is not None:
         return text, key, None
     problem = check_url(text)
@@ -54,14 +55,6 @@ def listed_key(text: str) -> tuple[str, str | None, str | None]:
     except ValueError as exc:
         return text, None, f"not a URL ({exc})"
     return url, request_key(url), None
-
-
-def _verbatim(text: str) -> bool:
-    """Whether Scrapy keeps a plain URL (``plain_key``) as it is: it adds the "/"
-    before a "?" that follows the host, and drops a trailing "?" (w3lib's
-    ``safe_url_string``; tests/test_start.py checks this against Scrapy)."""
-    query = text.find("?")
-    return query < 0 or (text[-1] != "?" and text.find("/", 8, query) >= 0)
 
 
 async def listed_requests(
@@ -84,12 +77,12 @@ async def listed_requests(
     ``CRAWL_PARTITION`` setting, see ``crawler/partition.py``). Bad lines are logged with ``file:line``, counted
     (``SPIDER/bad_lines``) and written to the action log as errors.
 
-    ``thread=True``: the next batch is read and keyed in a thread while this one is
-    looked up (SQLite lets go of the GIL while it searches) and handed over, and a
-    list on a slow pipe never holds up the reactor. Off by default: on a loaded
-    2-core machine it skipped slower and used more CPU (``benchmarks.bench_resume``
-    measures both); always on for a list whose batches block (``urls.blocking``: a
-    job's work queue, leased from the hub).
+    The next batch is keyed while the catalog is searched for this one. ``thread=True``:
+    it is read and keyed in a thread instead, and handed over, so that a list on a
+    slow pipe never holds up the reactor. Off by default: on a loaded 2-core machine
+    it skipped slower and used more CPU (``benchmarks.bench_resume`` measures both);
+    always on for a list whose batches block (``urls.blocking``: a job's work queue,
+    leased from the hub).
     """
     from twisted.internet import reactor  # imported late: Scrapy installs it
 
@@ -103,26 +96,31 @@ async def listed_requests(
         raise UsageError(str(exc)) from None
     batches = urls.batches(batch)
     thread = thread or getattr(urls, "blocking", False)
-    if thread:
-        pending = threads.deferToThread(_next_keyed, batches, shard, mode)
-    while True:
-        if thread:
-            keyed = await maybe_deferred_to_future(pending)
-            if keyed is not None:
-                pending = threads.deferToThread(_next_keyed, batches, shard, mode)
-        else:
-            keyed = _next_keyed(batches, shard, mode)
-            # A batch of stored URLs yields nothing: let the reactor run (progress,
-            # stop signals, the counts) before the next one.
-            await maybe_deferred_to_future(task.deferLater(reactor, 0))
-        if keyed is None:
-            return
+    pending = threads.deferToThread(_next_keyed, batches, shard, mode) if thread else None
+
+    async def keyed_in_thread():
+        nonlocal pending
+        keyed = await maybe_deferred_to_future(pending)
+        if keyed is not None:
+            pending = threads.deferToThread(_next_keyed, batches, shard, mode)
+        return keyed
+
+    keyed = await keyed_in_thread() if thread else _next_keyed(batches, shard, mode)
+    while keyed is not None:
         listed, bad = keyed
         for number, text, problem in bad:
             _bad_line(spider, urls, number, text, problem)
-        stored = (
-            await archive.stored.skip_stored(listed) if archive is not None and listed else None
-        )
+        asked = archive.stored.ask_listed(listed) if archive is not None and listed else None
+        if not thread:
+            # Keyed here while the catalog is searched for this batch (SQLite lets go
+            # of the GIL while it searches).
+            keyed = _next_keyed(batches, shard, mode)
+        if asked is None:
+            # Let the reactor run (progress, stop signals, the counts) between batches.
+            await maybe_deferred_to_future(task.deferLater(reactor, 0))
+            stored = None
+        else:
+            stored = archive.stored.skip_listed(listed, await maybe_deferred_to_future(asked))
         skipped, kept = stored if stored is not None else ((), ())
         for url, key in listed:
             if key in skipped:
@@ -142,6 +140,8 @@ async def listed_requests(
                 # stored one meets its row there, to be replayed).
                 looked_up(request, key in kept)
             yield request
+        if thread:
+            keyed = await keyed_in_thread()
 
 
 def _next_keyed(
@@ -158,7 +158,7 @@ def _next_keyed(
     bad: list[tuple[int, str, str]] = []
     for number, text, problem in entries:
         if problem is None:
-            key = plain_key(text) if _verbatim(text) else None
+            key = plain_key(text)
             if key is not None:  # most lines of most lists
                 url = text
             else:

@@ -75,18 +75,39 @@ def canonical_url(url: str) -> str:
 
 
 def plain_key(url: str) -> str | None:
-    """``request_key(url)`` (GET) of a plain URL (``_SIMPLE_URL``), or None for any
-    other: the cheap path of a resumed crawl, which keys every listed URL."""
+    """``request_key(url)`` (GET) of a plain URL (``_SIMPLE_URL``) that w3lib's
+    ``safe_url_string`` (what ``scrapy.Request`` does to its URL) keeps as it is, or
+    None for any other: the cheap path of a resumed crawl, which keys every listed URL."""
     match = _SIMPLE_URL.match(url)
     if match is None:
         return None
     origin, port, path, query = match.groups()
-    if port is not None and _DEFAULT_PORTS[origin[: origin.index(":")]] == ":" + port:
+    if query is not None and (path is None or not query):
+        return None  # safe_url_string adds a "/" before the "?", or drops a last "?"
+    if port is None and path is not None and "/." not in path:
+        if query is None or _in_order(query):
+            return hashlib.sha256(url.encode()).hexdigest()  # canonical as it is
+    elif port is not None and _DEFAULT_PORTS[origin[: origin.index(":")]] == ":" + port:
         origin = origin[: -len(port) - 1]
     canon = _simple(origin, port, path, query)
     if canon is None:
         return None
     return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _in_order(query: str) -> bool:
+    """Whether a plain query is canonical as it is: one or two ``name=value`` in the
+    order w3lib sorts them (most listed URLs; any other goes through ``_simple``)."""
+    if "&" not in query:
+        return query.count("=") == 1
+    first, _, second = query.partition("&")
+    return (
+        query.count("=") == 2
+        and "=" in first
+        and "=" in second
+        and "&" not in second
+        and first.partition("=") <= second.partition("=")
+    )
 
 
 def request_key(url: str, method: str = "GET", body: bytes = b"") -> str:

@@ -17,6 +17,7 @@ import sqlite3
 from scrapy import Request
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import threads
+from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 
 from crawler.storage.batchlookup import BatchLookup
@@ -62,6 +63,12 @@ class StoredPages:
     async def in_thread(self, keys: list[str]) -> StoredParsed | None:
         """:meth:`_stored_parsed` in the lookup thread; None when the catalog is not
         open (or closed meanwhile: the crawl is stopping)."""
+        asked = self.ask(keys)
+        return None if asked is None else await maybe_deferred_to_future(asked)
+
+    def ask(self, keys: list[str]) -> Deferred | None:
+        """:meth:`in_thread`, started now: the caller goes on (keys the next batch)
+        while the catalog is searched."""
         from twisted.internet import reactor
 
         if self.batch_lookup is None:
@@ -72,8 +79,7 @@ class StoredPages:
             # A crawl stopped at once (a second signal) never closes the storage: its
             # thread would keep the process from exiting.
             self._trigger = reactor.addSystemEventTrigger("during", "shutdown", self._stop_pool)
-        asked = threads.deferToThreadPool(reactor, self._pool, self._stored_parsed, keys)
-        return await maybe_deferred_to_future(asked)
+        return threads.deferToThreadPool(reactor, self._pool, self._stored_parsed, keys)
 
     def close(self) -> None:
         """Stop the lookup thread (once its query, if any, is done), then close its
@@ -153,24 +159,36 @@ class StoredPages:
         self.actions.cache_hits(hits)
         return out
 
-    async def skip_stored(self, listed: list[tuple[str, str]]) -> tuple[set[str], set[str]] | None:
-        """Of a batch of listed ``(url, key)`` (the URL and key of the GET request a
-        spider would build), the keys that are stored, as ``(skipped, kept)``: the
-        skipped ones are logged as cache hits and counted here, so that no request is
-        built for them; the kept ones are stored pages the policy replays. None when
-        nothing may be skipped here (no catalog open, or the policy does not skip a
-        plain request): build them all. The catalog is asked in a thread."""
+    def ask_listed(self, listed: list[tuple[str, str]]) -> Deferred | None:
+        """The catalog asked, in the lookup thread, for a batch of listed ``(url, key)``
+        (the URL and key of the GET request a spider would build), to be answered with
+        :meth:`skip_listed`; None when nothing may be skipped here (no catalog open, or
+        the policy does not skip a plain request): build them all."""
         if self.session.catalog is None or self.policy.when_stored({}) is not Decision.SKIP:
             return None
-        found = await self.in_thread([key for _, key in listed])
+        return self.ask([key for _, key in listed])
+
+    def skip_listed(
+        self, listed: list[tuple[str, str]], found: StoredParsed | None
+    ) -> tuple[set[str], set[str]] | None:
+        """Of a batch of listed ``(url, key)`` and what :meth:`ask_listed` found, the
+        keys that are stored, as ``(skipped, kept)``: the skipped ones are logged as
+        cache hits and counted here, so that no request is built for them; the kept
+        ones are stored pages the policy replays. None when nothing was found out."""
         if found is None:
             return None
         present, parsed = found.stored, found.parsed
-        kept = {
-            key
-            for key in present
-            if self.policy.when_stored({}, parsed=key in parsed) is not Decision.SKIP
-        }
+        # A plain listed request's decision depends on whether its page is parsed alone.
+        skip_parsed = self.policy.when_stored({}, parsed=True) is Decision.SKIP
+        skip_unparsed = self.policy.when_stored({}, parsed=False) is Decision.SKIP
+        if skip_parsed and skip_unparsed:
+            kept = set()
+        elif skip_parsed:
+            kept = present - parsed
+        elif skip_unparsed:
+            kept = present & parsed
+        else:
+            kept = present
         skipped = present - kept
         if skipped:
             self.actions.cache_hits([(url, key) for url, key in listed if key in skipped])
