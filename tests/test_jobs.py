@@ -188,3 +188,68 @@ async def test_a_crawl_of_a_job_without_a_list_takes_the_jobs_queue(site, tmp_pa
     assert set(rows_by_url(data_dir)) == set(listed)
     shown = scrapy_with_hub("job", "show", "news", hub=hub_url)
     assert "done 6/6" in shown.stdout, shown.stdout
+
+
+def test_a_job_crawl_s_batches_are_done_but_for_their_failed_urls(tmp_path, hub_url):  # noqa: F811
+    # Three domains, a batch each, held by one crawl: at its end each batch is done and
+    # the URLs its action log says failed (only this run's lines) go back to pending.
+    from crawler.spiderkit.jobqueue import JobQueueUrls
+    from crawler.spiderkit.start import listed_key
+    from crawler.storage.actionlog import ActionLog
+
+    listed = [f"http://d{d}.example/p/{n}" for d in range(3) for n in range(4)]
+    urls = write_urls(tmp_path / "urls.txt", listed)
+    created = scrapy_with_hub(
+        "job", "create", "news", "--spider", "site", "--urls", str(urls), hub=hub_url
+    )
+    assert created.returncode == 0, created.stderr
+    log_path = tmp_path / "actions.jsonl"
+    log = ActionLog(log_path)
+    log.write(listed[4], listed_key(listed[4])[1], "error")  # a run before this one
+    since = log_path.stat().st_size
+    queue = JobQueueUrls(hub_url, "news")
+    leased = [url for batch in queue.batches(100) for _, url, _ in batch]
+    assert sorted(leased) == sorted(listed) and len(queue.held) == 3
+    failed = [listed[1], listed[9], listed[10]]
+    for url in listed[:4] + listed[5:]:  # listed[4]: its error line is an earlier run's
+        if url in (listed[2], listed[9]):
+            log.write(url, listed_key(url)[1], "retry")
+        log.write(url, listed_key(url)[1], "error" if url in failed else "ok")
+    log.close()
+    queue.finish(True, log_path, since)
+    with Hub.open(hub_url) as hub:
+        pending = hub.query("SELECT url FROM hub_work_items WHERE state = 'pending' ORDER BY url")
+    assert [url for (url,) in pending] == sorted(failed)
+
+
+def test_a_job_crawl_s_batches_found_stored_are_done_at_once_and_held_no_more(
+    tmp_path,
+    hub_url,  # noqa: F811
+):
+    # A resumed job: the batches its start finds stored whole are marked done before
+    # the next lease, so that the crawl holds (in memory and in the hub) only the
+    # batches it fetches.
+    from crawler.hub import WorkQueue
+    from crawler.spiderkit.jobqueue import JobQueueUrls
+
+    listed = [f"http://d{d}.example/p/{n}" for d in range(3) for n in range(4)]
+    urls = write_urls(tmp_path / "urls.txt", listed)
+    created = scrapy_with_hub(
+        "job", "create", "news", "--spider", "site", "--urls", str(urls), hub=hub_url
+    )
+    assert created.returncode == 0, created.stderr
+    queue = JobQueueUrls(hub_url, "news")
+    batches = queue.batches(4)  # a domain's four URLs a lease call
+    next(batches), next(batches)
+    first, second = queue.held
+    assert queue.gone_through(True) and not queue.gone_through(False)
+    assert queue.held == [second]
+    next(batches)  # the next lease call marks the stored one done first
+    third = queue.held[-1]
+    with Hub.open(hub_url) as hub:
+        ended = {lease["id"]: lease["end_reason"] for lease in WorkQueue(hub, "news").leases()}
+    assert ended == {first.lease_id: "done", second.lease_id: None, third.lease_id: None}
+    assert queue.held == [second, third]
+    queue.finish(True)
+    with Hub.open(hub_url) as hub:
+        assert WorkQueue(hub, "news").progress().done == 12

@@ -57,6 +57,28 @@ def test_a_unit_is_leased_to_one_holder_at_a_time(hub):
     assert queue.lease("e", 100, ttl=60).unit == "beta.co.uk"  # given back: free again
 
 
+def test_lease_many_takes_several_units_in_one_call_each_a_lease_of_its_own(hub):
+    queue = loaded(hub, "q")  # alpha.com 12 URLs, beta.co.uk 6, gamma.org 6
+    first = queue.lease_many("a", 16, ttl=60)
+    # Units in order of their first pending URL, the last one cut at the size asked.
+    assert [(batch.unit, len(batch.urls)) for batch in first] == [
+        ("alpha.com", 12),
+        ("beta.co.uk", 4),
+    ]
+    assert len({batch.lease_id for batch in first}) == 2
+    for batch in first:
+        assert {domain(url) for url in batch.urls} == {batch.unit}
+    # beta.co.uk's other two wait for its holder: another asker gets gamma.org alone.
+    assert [batch.unit for batch in queue.lease_many("b", 16, ttl=60)] == ["gamma.org"]
+    assert queue.lease_many("c", 16, ttl=60) == []
+    assert queue.done_many(first) == 2
+    assert queue.done_many(first) == 0  # ended already
+    assert [batch.unit for batch in queue.lease_many("c", 16, ttl=60)] == ["beta.co.uk"]
+    assert queue.progress().done == 16
+    url_queue = loaded(hub, "u", partition="url")
+    assert [len(batch.urls) for batch in url_queue.lease_many("a", 16, ttl=60)] == [16]
+
+
 def test_host_units_split_a_site_by_host(hub):
     queue = loaded(hub, "q", partition="host")
     units = [queue.lease(f"h{n}", 100, ttl=60) for n in range(5)]

@@ -493,44 +493,70 @@ class WorkQueue:
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
 
+    def lease_many(
+        self, holder: Holder | str, size: int, ttl: float, holders: int | None = None
+    ) -> list[WorkBatch]:
+        """Batches of up to *size* items together, leased in one transaction: a queue
+        split by units of a few URLs each (a domain's pages) would otherwise cost a
+        transaction for every few URLs (its commit most of a lease's time). Each batch
+        is a lease of its own (:meth:`lease`); none when there is nothing to lease."""
+        if self.partition == "url":
+            batch = self.lease(holder, size, ttl, holders)
+            return [] if batch is None else [batch]
+        if size < 1 or ttl <= 0:
+            raise ValueError("a lease needs size >= 1 and ttl > 0")
+        cap = _ANY_HOLDERS if holders is None else max(holders, 1)
+        batches: list[WorkBatch] = []
+        with self.hub.transaction() as tx:
+            tx.lock(AdvisoryLock.WORK_UNIT_LEASE)
+            while size > 0 and (batch := self._lease_unit_in(tx, str(holder), size, ttl, cap)):
+                batches.append(batch)
+                size -= len(batch.urls)
+        return batches
+
     def _lease_unit(self, holder: str, size: int, ttl: float, cap: int) -> WorkBatch | None:
         """A lease of a queue split by units: an expired lease's batch whose unit is not
         held as often as it allows, else up to *size* pending items of the first unit
         (by item order) that is not."""
         with self.hub.transaction() as tx:
             tx.lock(AdvisoryLock.WORK_UNIT_LEASE)
-            q = self.queue_id
-            old = tx.execute(
-                "SELECT id, unit FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
-                "AND expires < NOW() AND (unit IS NULL OR unit NOT IN (" + _HELD_UNITS + ")) "
-                "ORDER BY expires LIMIT 1",
+            return self._lease_unit_in(tx, holder, size, ttl, cap)
+
+    def _lease_unit_in(
+        self, tx: Transaction, holder: str, size: int, ttl: float, cap: int
+    ) -> WorkBatch | None:
+        q = self.queue_id
+        old = tx.execute(
+            "SELECT id, unit FROM hub_work_leases WHERE queue_id = ? AND ended IS NULL "
+            "AND expires < NOW() AND (unit IS NULL OR unit NOT IN (" + _HELD_UNITS + ")) "
+            "ORDER BY expires LIMIT 1",
+            (q, q, cap, cap),
+        ).fetchone()
+        if old is not None:
+            unit = old[1]
+        else:
+            row = tx.execute(
+                "SELECT unit FROM hub_work_items WHERE queue_id = ? AND state = 'pending' "
+                "AND unit NOT IN (" + _HELD_UNITS + ") ORDER BY id LIMIT 1",
                 (q, q, cap, cap),
             ).fetchone()
-            if old is not None:
-                unit = old[1]
-            else:
-                row = tx.execute(
-                    "SELECT unit FROM hub_work_items WHERE queue_id = ? AND state = 'pending' "
-                    "AND unit NOT IN (" + _HELD_UNITS + ") ORDER BY id LIMIT 1",
-                    (q, q, cap, cap),
-                ).fetchone()
-                if row is None:
-                    return None
-                unit = row[0]
-            lease_id, expires = tx.execute(
-                "INSERT INTO hub_work_leases (queue_id, holder, started, expires, unit) "
-                "VALUES (?, ?, NOW(), NOW() + ?, ?) RETURNING id, expires",
-                (q, holder, ttl, unit),
-            ).fetchone()
-            taken = _take(
-                tx,
-                lease_id,
-                old[0] if old else None,
-                "queue_id = ? AND unit = ? AND state = 'pending' ORDER BY id LIMIT ?",
-                (q, unit, size),
-            )
-            if not taken:
+            if row is None:
                 return None
+            unit = row[0]
+        lease_id, expires = tx.execute(
+            "INSERT INTO hub_work_leases (queue_id, holder, started, expires, unit) "
+            "VALUES (?, ?, NOW(), NOW() + ?, ?) RETURNING id, expires",
+            (q, holder, ttl, unit),
+        ).fetchone()
+        taken = _take(
+            tx,
+            lease_id,
+            old[0] if old else None,
+            "queue_id = ? AND unit = ? AND state = 'pending' ORDER BY id LIMIT ?",
+            (q, unit, size),
+        )
+        if not taken:
+            return None
         urls = tuple(url for _, url in sorted(taken))
         return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None, unit)
 
@@ -583,6 +609,18 @@ class WorkQueue:
                     ],
                 )
         return True
+
+    def done_many(self, batches: Collection[WorkBatch]) -> int:
+        """:meth:`done` of batches none of whose URLs failed, in one statement; how many
+        were still leased (the others ended before)."""
+        if not batches:
+            return 0
+        marks = ",".join("?" * len(batches))
+        return self.hub.execute(
+            "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'done', failed = 0 "
+            f"WHERE id IN ({marks}) AND ended IS NULL",
+            tuple(batch.lease_id for batch in batches),
+        )
 
     def requeue(self) -> int:
         """Put every failed URL back to pending, its count of failures reset; how many."""

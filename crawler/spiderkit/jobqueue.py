@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,6 +62,11 @@ class JobQueueUrls:
         self.path = self.name = f"job {job}, queue {queue}"
         self.holder = str(Holder.current())
         self.held: list[WorkBatch] = []
+        # Leased and not yet gone through by the crawl's start, in lease order; and
+        # the batches it found stored whole, to be marked done at once (settle).
+        self._leased: deque[list[WorkBatch]] = deque()
+        self._stored: deque[WorkBatch] = deque()
+        self._settling = threading.Lock()
         self.holders = holders  # the most holders of a unit this crawl's settings allow
         # Request keys of the batches whose lease was lost: not to be fetched here
         # (crawler/downloader.py); changed on the reactor thread only.
@@ -68,9 +75,42 @@ class JobQueueUrls:
     def batches(self, size: int) -> Iterator[list[tuple[int, str, str | None]]]:
         """Leased batches, as ``(number, url, None)``: the crawl checks each URL."""
         number = 0
-        while (batch := self.queue.lease(self.holder, size, self.ttl, self.holders)) is not None:
-            self.held.append(batch)
-            yield [(number := number + 1, url, None) for url in batch.urls]
+        while True:
+            self.settle()  # in the thread that leases, before the next lease
+            leased = self.queue.lease_many(self.holder, size, self.ttl, self.holders)
+            if not leased:
+                return
+            self.held.extend(leased)
+            self._leased.append(leased)
+            yield [(number := number + 1, url, None) for batch in leased for url in batch.urls]
+
+    def gone_through(self, stored: bool) -> bool:
+        """The crawl's start has gone through the next list of batches (in lease order,
+        a list each lease call); with ``stored`` every URL of them was stored and has its
+        cache-hit line: they are held no more, and :meth:`settle` marks them done before
+        the next lease. Otherwise they stay held to the crawl's end. So a resumed job
+        holds only the batches it fetches: its memory does not grow with the queue, nor
+        do its lease calls (each looks at every live lease of the queue). Called on the
+        reactor thread; returns ``stored``."""
+        leased = self._leased.popleft()
+        if stored:
+            for batch in leased:
+                self.held.remove(batch)
+            self._stored.extend(leased)
+        return stored
+
+    def settle(self) -> None:
+        """Mark done the batches found stored whole (blocks: call it in a thread); one
+        the hub could not mark is held again, for :meth:`finish`."""
+        with self._settling:
+            stored = []
+            while self._stored:  # deque operations are atomic: gone_through adds meanwhile
+                stored.append(self._stored.popleft())
+            try:
+                self.queue.done_many(stored)
+            except Exception as exc:  # the hub logs once that it is away
+                logger.debug("Marking %d stored batches done failed: %s", len(stored), exc)
+                self.held.extend(stored)
 
     def pending(self) -> int:
         """The queue's URLs not done yet, for the progress line."""
@@ -100,15 +140,20 @@ class JobQueueUrls:
     def finish(self, finished: bool, log: Path | None = None, since: int = 0) -> None:
         """Mark the batches done (the crawl finished its list), the URLs this run's
         action log (*log*, from byte *since*) says failed put back for another crawl;
-        or give the batches back (it stopped early)."""
+        or give the batches back (it stopped early). The ones found stored whole are
+        done either way."""
         try:
-            for batch in self.held:
-                if not finished:
+            self.settle()
+            if not finished:
+                for batch in self.held:
                     self.queue.release(batch)
-                    continue
-                keys = {_key(url): url for url in batch.urls}
-                failed = failed_keys(log, since, keys) if log is not None else set()
-                self.queue.done(batch, [keys[k] for k in failed], self.max_attempts)
+                return
+            keyed = [{_key(url): url for url in batch.urls} for batch in self.held]
+            # One reading of the log for every batch: a job's run may hold thousands.
+            failed = failed_keys(log, since, set().union(*keyed)) if log is not None else set()
+            for batch, keys in zip(self.held, keyed, strict=True):
+                failed_urls = [url for key, url in keys.items() if key in failed]
+                self.queue.done(batch, failed_urls, self.max_attempts)
         finally:
             self.held = []
             self.hub.close()

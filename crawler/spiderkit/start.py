@@ -97,6 +97,8 @@ async def listed_requests(
     batches = urls.batches(batch)
     thread = thread or getattr(urls, "blocking", False)
     pending = threads.deferToThread(_next_keyed, batches, shard, mode) if thread else None
+    # A job's work queue: told of each batch gone through (the stored ones are done).
+    gone_through = getattr(urls, "gone_through", None)
 
     async def keyed_in_thread():
         nonlocal pending
@@ -122,6 +124,9 @@ async def listed_requests(
         else:
             stored = archive.stored.skip_listed(listed, await maybe_deferred_to_future(asked))
         skipped, kept = stored if stored is not None else ((), ())
+        if gone_through is not None:
+            whole = shard is None and all(key in skipped for _, key in listed)
+            gone_through(stored is not None and whole)
         for url, key in listed:
             if key in skipped:
                 continue
