@@ -1,6 +1,7 @@
 """A warm re-run of a long list, all stored: how fast a resumed crawl skips.
 
     python -m benchmarks.bench_resume [--urls 1000000] [--rounds 3] [--workdir DIR]
+        [--variants after,thread,before,products,queue] [--queue-partition domain]
 
 Builds, once (cached in ``--workdir``), a data directory holding ``--urls`` stored
 URLs, written through the project's store (``crawler.storage.store.Store``: real
@@ -19,6 +20,14 @@ ahead of Scrapy: a ``Request`` built per line, dropped in batches of 256 by
 "thread" keys the next batch in a thread while this one is looked up
 (``start_thread = True``) instead of keying every batch on the reactor's thread.
 The three alternate for ``--rounds`` rounds; the ratio of each round is printed.
+
+"products" is the same crawl with the ``products`` spider (items): every stored page is
+marked parsed for it once (a row of ``_item_pages`` each, as a crawl that parsed it
+would leave), so that its stored pages are skipped, not replayed. "queue" crawls a hub
+job's work queue instead of the list (``scrapy job create`` in a SQLite hub in
+``--workdir``, then ``scrapy crawl site -s JOB=...``; the job is made again, untimed,
+before each crawl), its queue split by domain (``CRAWL_PARTITION``, the default) or
+with ``--queue-partition url`` by URL.
 
 "plain" is the least a resume must do, in a plain Python process with no Scrapy: read
 the list, sha256 each line (the key of a plain URL), look the keys up in the catalog
@@ -160,6 +169,40 @@ def build(workdir: Path, urls: int) -> tuple[Path, Path]:
     return data_dir, url_file
 
 
+def mark_parsed(data_dir: Path, spider: str) -> None:
+    """Every stored page parsed for ``spider`` (once per data directory)."""
+    import sqlite3
+
+    from crawler.storage.datadir import DataDir
+    from crawler.storage.items import PAGES_SQL, PAGES_TABLE
+
+    done = data_dir / f".bench-parsed-{spider}"
+    if done.exists():
+        return
+    conn = sqlite3.connect(DataDir(data_dir).catalog_path)
+    with conn:
+        conn.execute(PAGES_SQL)
+        conn.execute(
+            f"INSERT OR IGNORE INTO {PAGES_TABLE} (_key, _spider, tables, items, parsed_at) "
+            "SELECT key, ?, '[]', 0, '2026-01-01T00:00:00.000000Z' FROM artifacts",
+            (spider,),
+        )
+    conn.close()
+    done.touch()
+
+
+def queue_job(workdir: Path, listed: Path, name: str, partition: str) -> dict[str, str]:
+    """A job of ``listed`` made (again) in the workdir's hub: the crawl's environment."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HUB_URL=f"sqlite:///{workdir / 'hub.db'}")
+    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    args = ["job", "create", name, "--spider", "site", "--urls", str(listed)]
+    args += ["-s", f"CRAWL_PARTITION={partition}"]
+    subprocess.run(
+        [sys.executable, "-m", "scrapy", *args], cwd=ROOT, env=env, check=True, capture_output=True
+    )
+    return env
+
+
 def head(url_file: Path, n: int) -> Path:
     part = url_file.with_name(f"{url_file.stem}-first-{n}.txt")
     if not part.exists():
@@ -169,15 +212,23 @@ def head(url_file: Path, n: int) -> Path:
     return part
 
 
-def crawl(name: str, args: list[str], data_dir: Path, urls: int, workdir: Path) -> dict:
+def crawl(
+    name: str,
+    args: list[str],
+    data_dir: Path,
+    urls: int,
+    workdir: Path,
+    env: dict[str, str] | None = None,
+) -> dict:
     """One whole crawl process: seconds, peak RSS of its own process, skip rate."""
     from crawler.storage.datadir import DataDir
 
     log_path = DataDir(data_dir).action_log_path
     log_size = log_path.stat().st_size if log_path.exists() else 0
     load = os.getloadavg()[0]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    env.pop("SCRAPY_SETTINGS_MODULE", None)
+    if env is None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        env.pop("SCRAPY_SETTINGS_MODULE", None)
     out_path = workdir / f"last-{name}.log"
     cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
@@ -243,10 +294,15 @@ def run(
     rounds: int = 3,
     workdir: Path | None = None,
     variants: tuple[str, ...] = ("after", "thread", "before"),
+    queue_partition: str = "domain",
 ) -> list[str]:
     workdir = workdir or ROOT / "bench-data" / "resume"
     workdir.mkdir(parents=True, exist_ok=True)
     data_dir, url_file = build(workdir, urls)
+    if "products" in variants:
+        mark_parsed(data_dir, "products")
+    for stale in workdir.glob("hub.db*"):
+        stale.unlink()
     lines = [f"data directory: {data_dir} ({(workdir / f'built-{urls}').read_text().strip()})"]
     if not rounds:
         return lines
@@ -257,7 +313,7 @@ def run(
     results: dict[tuple[str, int], list[dict]] = {}
     plain_rates: dict[int, list[float]] = {}
     sizes = [max(urls // 10, 1), urls]
-    for _ in range(rounds):
+    for round_ in range(rounds):
         one = head(url_file, 1)
         results.setdefault(("after", 1), []).append(
             crawl("after", ["crawl", "site", "-a", f"urls={one}"], data_dir, 1, workdir)
@@ -268,11 +324,17 @@ def run(
                 ("after", ["crawl", "site", "-a", f"urls={listed}"]),
                 ("thread", ["runspider", str(thread_spider), "-a", f"urls={listed}"]),
                 ("before", ["runspider", str(before_spider), "-a", f"urls={listed}"]),
+                ("products", ["crawl", "products", "-a", f"urls={listed}"]),
+                ("queue", ["crawl", "site", "-s", f"JOB=resume-{round_}-{n}"]),
             ):
-                if name in variants:
-                    results.setdefault((name, n), []).append(
-                        crawl(name, args, data_dir, n, workdir)
-                    )
+                if name not in variants:
+                    continue
+                env = None
+                if name == "queue":
+                    env = queue_job(workdir, listed, f"resume-{round_}-{n}", queue_partition)
+                results.setdefault((name, n), []).append(
+                    crawl(name, args, data_dir, n, workdir, env)
+                )
             plain_rates.setdefault(n, []).append(plain(listed, data_dir, n, workdir))
     lines.append(
         f"{'run':<8} {'URLs':>10} {'URLs/s whole':>13} {'skip URLs/s':>12} "
@@ -285,14 +347,19 @@ def run(
                 f"{r['seconds']:>8.1f} {r['cpu']:>6.1f} {r['peak'] / 1e6:>12.0f} {r['load']:>5.2f}"
             )
     for n in sizes:
-        pairs = zip(results[("after", n)], plain_rates[n], strict=True)
-        each = ", ".join(
-            f"{r['skip_rate']:,.0f}/{p:,.0f} = {r['skip_rate'] / p:.2f}" for r, p in pairs
-        )
-        lines.append(f"{n:,} URLs: crawl skip rate / plain loop rate, each round: {each}")
-        peaks = zip(results[("after", n)], results[("after", 1)], strict=True)
-        each = ", ".join(f"{(r['peak'] - o['peak']) / 1e6:+.1f}" for r, o in peaks)
-        lines.append(f"{n:,} URLs: peak RSS minus a 1-URL crawl's, MB, each round: {each}")
+        for name in ("after", "products", "queue"):
+            if (name, n) not in results:
+                continue
+            pairs = zip(results[(name, n)], plain_rates[n], strict=True)
+            each = ", ".join(
+                f"{r['skip_rate']:,.0f}/{p:,.0f} = {r['skip_rate'] / p:.2f}" for r, p in pairs
+            )
+            lines.append(f"{n:,} URLs, {name}: skip rate / plain loop rate, each round: {each}")
+            peaks = zip(results[(name, n)], results[("after", 1)], strict=True)
+            each = ", ".join(f"{(r['peak'] - o['peak']) / 1e6:+.1f}" for r, o in peaks)
+            lines.append(
+                f"{n:,} URLs, {name}: peak RSS minus a 1-URL crawl's, MB, each round: {each}"
+            )
         for other in ("before", "thread"):
             if other not in variants:
                 continue
@@ -315,11 +382,16 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="after,thread,before",
-        help="the crawls to time, of after,thread,before",
+        help="the crawls to time, of after,thread,before,products,queue",
+    )
+    parser.add_argument(
+        "--queue-partition",
+        default="domain",
+        help="how the queue variant's job splits its queue: domain (default), host or url",
     )
     args = parser.parse_args()
     variants = tuple(args.variants.split(","))
-    for line in run(args.urls, args.rounds, args.workdir, variants):
+    for line in run(args.urls, args.rounds, args.workdir, variants, args.queue_partition):
         print(line, flush=True)
 
 
