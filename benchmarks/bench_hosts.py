@@ -1,13 +1,13 @@
 """Host budgets: what coordinating hosts through the hub costs a crawl, and what the hub
 serves.
 
-    python -m benchmarks.bench_hosts [--hosts 5000] [--procs 8] [--rounds 2]
-        [--clients 16] [--seconds 5] [--skip-crawl] [--skip-hub]
+    python -m benchmarks.bench_hosts [--hosts 5000] [--pages N] [--procs 8] [--rounds 2]
+        [--baseline N] [--clients 16] [--seconds 5] [--skip-crawl] [--skip-hub]
         [--keep DIR] [--py-spy PATH]
 
-Crawl: ``--procs`` ``scrapy crawl site`` processes share a list of ``--hosts`` host
-names with one page each, no delay (politeness is not the bottleneck), every name
-resolved to one local nginx (tests/loopback_resolver.py). ``--rounds`` pairs of
+Crawl: ``--procs`` ``scrapy crawl site`` processes share a list of ``--pages`` URLs
+(default one a host) over ``--hosts`` host names, no delay (politeness is not the
+bottleneck), every name resolved to one local nginx (tests/loopback_resolver.py). ``--rounds`` pairs of
 rounds, the host budget on (``HOST_BUDGET_ENABLED``, a PostgreSQL hub at PG_TEST_URL,
 else a SQLite one) and off, off first in odd pairs and on first in even ones. Per pair:
 the ratio on/off of pages/s, counted from the first to the last ``ok`` line of all the
@@ -15,7 +15,9 @@ processes' action logs, and of "steady" pages/s, counted while every process was
 fetching (from the last process's first page to the first process's last: start-up
 and stragglers left out), and the ratio of CPU a page while every process was fetching
 (crawl processes, their archive writers and, on, the PostgreSQL backends serving them,
-sampled from /proc). Per round: the budget's stats summed over the crawls (hub calls a
+sampled from /proc), and the peak RSS of a crawl process (its archive writer apart).
+``--baseline N``: then one more crawl, budget on, of the list's first N URLs, whose
+peak RSS the others' are compared with (memory must not grow with the list). Per round: the budget's stats summed over the crawls (hub calls a
 page, how long requests waited at their host's gate, the share of fetch places left
 idle meanwhile), the load average, the slowest fetch and the listen overflows of the
 machine (a connection dropped and tried again a second or more later). At the end, the
@@ -102,6 +104,7 @@ class Round:
     hub_cpu: float  # of the PostgreSQL backends serving them
     stats: dict[str, float]
     per_second: list[int]  # pages stored in each second from the first ``ok``
+    peak_rss: int = 0  # bytes, the largest crawl process (without its writer)
 
     @property
     def rate(self) -> float:
@@ -144,6 +147,7 @@ class CPUSampler:
         self.crawls: list[int] = []
         self.seen: dict[tuple[str, int], float] = {}
         self.series: list[tuple[float, float, float]] = []  # (time, crawls', hub's)
+        self.peak_rss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._db = None
@@ -168,6 +172,9 @@ class CPUSampler:
             ).fetchall()]  # fmt: skip
         for pid in list(self.crawls):
             self._read("crawl", pid)
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                pages = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+                self.peak_rss = max(self.peak_rss, pages * os.sysconf("SC_PAGE_SIZE"))
             for child in _children(pid):
                 self._read("crawl", child)
         for pid in backends:
@@ -221,8 +228,11 @@ def crawl_once(
     hub: str,
     on: bool,
     spy: str | None,
+    pages: int | None = None,
 ) -> Round:
-    """*procs* crawls over one page of each host name; what they did is kept in *keep*."""
+    """*procs* crawls over *pages* URLs spread over the host names (default one each);
+    what they did is kept in *keep*."""
+    pages = len(names) if pages is None else pages
     run = workdir / f"run-{time.monotonic_ns()}"
     run.mkdir()
     keep.mkdir(parents=True)
@@ -233,7 +243,7 @@ def crawl_once(
         "HUB_URL": hub,
         "HOST_BUDGET_ENABLED": on,
         "TWISTED_DNS_RESOLVER": "tests.loopback_resolver.LoopbackResolver",
-        "LOOPBACK_HOSTS": ",".join(names),
+        "LOOPBACK_HOSTS": ".bench.test",  # every name below it
         "ROBOTSTXT_OBEY": False,
         "AUTOTHROTTLE_ENABLED": False,
         "DOWNLOAD_DELAY": 0,
@@ -251,8 +261,10 @@ def crawl_once(
         cpu = stack.enter_context(CPUSampler(app if "postgresql" in hub else None))
         for k in range(procs):
             urls = run / f"urls{k}.txt"
-            urls.write_text("".join(f"http://{n}:{port}/page/{i % 3000}.html\n"
-                                    for i, n in enumerate(names) if i % procs == k))  # fmt: skip
+            with urls.open("w") as out:
+                for i in range(k, pages, procs):  # host i mod hosts, a path of its own
+                    host = names[i % len(names)]
+                    out.write(f"http://{host}:{port}/page/{(i // len(names) + i) % 3000}.html\n")
             cmd = [sys.executable, "-m", "scrapy", "crawl", "site", "-a", f"urls={urls}"]
             cmd += ["-s", f"DATA_DIR={run / f'data{k}'}", *args]
             if spy:
@@ -285,8 +297,8 @@ def crawl_once(
         spans.append((min(mine), max(mine), len(mine)))
         stamps += mine
     shutil.rmtree(run, ignore_errors=True)
-    if len(stamps) != len(names):
-        raise RuntimeError(f"{len(stamps)} pages stored of {len(names)}")
+    if len(stamps) != pages:
+        raise RuntimeError(f"{len(stamps)} pages stored of {pages}")
     first = min(stamps)
     per_second = [0] * (int(max(stamps) - first) + 1)
     for t in stamps:
@@ -307,6 +319,7 @@ def crawl_once(
         steady_pages=sum(1 for t in stamps if start <= t <= end),
         listen_overflows=overflows,
         slowest=max(_slowest(keep / f"fetch_log{k}.jsonl") for k in range(procs)),
+        peak_rss=cpu.peak_rss,
     )
     (keep / "round.json").write_text(json.dumps(result.summary(), indent=1))
     return result
@@ -338,7 +351,7 @@ def _epoch(ts: str) -> float:
     return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + int(frac) / 1000
 
 
-def describe(r: Round, hosts: int) -> str:
+def describe(r: Round) -> str:
     """What one round did, for the pair's lines."""
     text = (
         f"{'on ' if r.on else 'off'} {r.rate:5.0f} pages/s, steady {r.steady:5.0f}; "
@@ -352,25 +365,33 @@ def describe(r: Round, hosts: int) -> str:
         places = CONCURRENCY * sum(max(last - first, 1e-3) for first, last, _ in r.spans)
         text += (
             f" (hub {1000 * r.steady_cpu[1] / max(r.steady_pages, 1):.2f} ms); "
-            f"{r.stats.get('host/hub_calls', 0) / hosts:.2f} hub calls a page, "
-            f"{waits / hosts:.0%} waited at the gate, {wait_ms:.0f} ms on average, "
+            f"{r.stats.get('host/hub_calls', 0) / r.pages:.2f} hub calls a page, "
+            f"{waits / r.pages:.0%} waited at the gate, {wait_ms:.0f} ms on average, "
             f"{idle / places:.0%} of fetch places idle meanwhile"
         )
     starts = [s[0] - r.span[0] for s in r.spans]
     ends = [r.span[1] - s[1] for s in r.spans]
     return (
-        f"{text}; load {r.load:.1f}; slowest fetch {r.slowest:.1f} s, "
+        f"{text}; peak RSS {r.peak_rss / 1e6:.0f} MB; load {r.load:.1f}; slowest fetch {r.slowest:.1f} s, "
         f"{r.listen_overflows} listen overflows; processes' first page {min(starts):.1f}-{max(starts):.1f} s "
         f"after the first, last page {min(ends):.1f}-{max(ends):.1f} s before the end"
     )
 
 
 def bench_crawl(
-    hosts: int, procs: int, rounds: int, keep: Path, spy: str | None = None
+    hosts: int,
+    procs: int,
+    rounds: int,
+    keep: Path,
+    spy: str | None = None,
+    pages: int | None = None,
+    baseline: int = 0,
 ) -> list[str]:
     from benchmarks.bench_cluster import Nginx
 
-    names = [f"h{n:05d}.bench.test" for n in range(hosts)]
+    names = [f"h{n:06d}.bench.test" for n in range(hosts)]
+    pages = hosts if pages is None else pages
+    peaks: list[float] = []
     made = _pg_schema()
     ratios: list[float] = []
     steady: list[float] = []
@@ -392,7 +413,8 @@ def bench_crawl(
                 done = {}
                 for on in order:
                     where = keep / f"pair{r + 1:02d}-{'on' if on else 'off'}"
-                    done[on] = crawl_once(workdir, where, port, names, procs, hub, on, spy)
+                    done[on] = crawl_once(workdir, where, port, names, procs, hub, on, spy, pages)
+                    peaks.append(done[on].peak_rss)
                 off, on_ = done[False], done[True]
                 ratios.append(on_.rate / off.rate)
                 steady.append(on_.steady / off.steady)
@@ -401,19 +423,28 @@ def bench_crawl(
                     f"pair {r + 1} ({'off, on' if r % 2 == 0 else 'on, off'}): "
                     f"on/off {ratios[-1]:.2f}, steady {steady[-1]:.2f}, "
                     f"CPU a page {cpus[-1]:.2f}\n"
-                    f"    {describe(off, hosts)}\n    {describe(on_, hosts)}"
+                    f"    {describe(off)}\n    {describe(on_)}"
                 )
                 print(line, flush=True)
+            if baseline:
+                small = crawl_once(
+                    workdir, keep / "baseline", port, names, procs, hub, True, spy, baseline
+                )
+                print(f"baseline, {baseline:,} URLs:\n    {describe(small)}", flush=True)
         finally:
             site.stop()
             _drop(made)
-    return [
-        f"{procs} processes, {hosts:,} hosts x 1 page, no delay, "
+    lines = [
+        f"{procs} processes, {pages:,} pages over {hosts:,} hosts, no delay, "
         f"{'postgresql' if made else 'sqlite'} hub: median on/off over {rounds} pairs "
         f"{statistics.median(ratios):.2f} (each {', '.join(f'{x:.2f}' for x in ratios)}); "
         f"steady {statistics.median(steady):.2f}; CPU a page on/off "
         f"{statistics.median(cpus):.2f}; every round's logs and stats in {keep}"
     ]
+    if baseline:
+        each = ", ".join(f"{(peak - small.peak_rss) / 1e6:+.0f}" for peak in peaks)
+        lines.append(f"peak RSS of a crawl process minus the baseline's, MB, each crawl: {each}")
+    return lines
 
 
 # --- hub -------------------------------------------------------------------------------
@@ -489,7 +520,9 @@ def main() -> None:
         formatter_class=ToolHelpFormatter, prog="python -m benchmarks.bench_hosts"
     )
     parser.add_argument("--hosts", type=int, default=5000)
+    parser.add_argument("--pages", type=int, help="URLs in all (default: one a host)")
     parser.add_argument("--procs", type=int, default=8)
+    parser.add_argument("--baseline", type=int, default=0, metavar="N")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
@@ -504,7 +537,12 @@ def main() -> None:
     if not args.skip_hub:
         print(*bench_hub(args.clients, args.seconds), sep="\n", flush=True)
     if not args.skip_crawl:
-        print(*bench_crawl(args.hosts, args.procs, args.rounds, keep, args.py_spy), sep="\n")
+        print(
+            *bench_crawl(
+                args.hosts, args.procs, args.rounds, keep, args.py_spy, args.pages, args.baseline
+            ),
+            sep="\n",
+        )
     load = ", ".join(f"{n:.2f}" for n in os.getloadavg())
     print(f"load average (1, 5, 15 min) at the end: {load}")
 

@@ -9,7 +9,8 @@ setting, so a crawl run with
 
 reaches a server on 127.0.0.1 under those names (the port is in the URLs): the
 spider, the middlewares and the downloader run as in any crawl; only the name lookup
-is local. Names not listed are looked up as usual.
+is local. An entry that starts with a dot (``.bench.test``) stands for every name that
+ends with it (a benchmark's 100,000 hosts). Names not listed are looked up as usual.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class LoopbackResolver(CachingThreadedResolver):
     def __init__(self, reactor, cache_size: int, timeout: float, hosts: list[str]):
         super().__init__(reactor, cache_size, timeout)
         self.hosts = {host.lower() for host in hosts}
+        self.suffixes = tuple(host for host in self.hosts if host.startswith("."))
 
     @classmethod
     def from_crawler(cls, crawler, reactor):
@@ -35,6 +37,7 @@ class LoopbackResolver(CachingThreadedResolver):
         )
 
     def getHostByName(self, name: str, timeout=()):  # noqa: N802 - Twisted's name
-        if name.lower() in self.hosts:
+        name_lower = name.lower()
+        if name_lower in self.hosts or name_lower.endswith(self.suffixes):
             return defer.succeed("127.0.0.1")
         return super().getHostByName(name, timeout)
