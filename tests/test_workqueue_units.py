@@ -75,6 +75,17 @@ def test_lease_many_takes_several_units_in_one_call_each_a_lease_of_its_own(hub)
     assert queue.done_many(first) == 0  # ended already
     assert [batch.unit for batch in queue.lease_many("c", 16, ttl=60)] == ["beta.co.uk"]
     assert queue.progress().done == 16
+    # A unit that allows two holders is leased twice, by two askers, never a third time.
+    shared = loaded(hub, "m")
+    shared.set_max_holders("alpha.com", 2)
+
+    def units(asker: str, size: int) -> list[tuple[str, int]]:
+        return [(b.unit, len(b.urls)) for b in shared.lease_many(asker, size, ttl=60)]
+
+    assert units("a", 6) == [("alpha.com", 6)]
+    assert units("b", 10) == [("beta.co.uk", 6), ("gamma.org", 4)]  # in item order
+    assert units("c", 10) == [("alpha.com", 6)]  # its second holder; gamma.org is held
+    assert units("d", 10) == []
     url_queue = loaded(hub, "u", partition="url")
     assert [len(batch.urls) for batch in url_queue.lease_many("a", 16, ttl=60)] == [16]
 

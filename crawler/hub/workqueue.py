@@ -498,20 +498,50 @@ class WorkQueue:
     ) -> list[WorkBatch]:
         """Batches of up to *size* items together, leased in one transaction: a queue
         split by units of a few URLs each (a domain's pages) would otherwise cost a
-        transaction for every few URLs (its commit most of a lease's time). Each batch
-        is a lease of its own (:meth:`lease`); none when there is nothing to lease."""
+        transaction, and a search for the next unit not held, for every few URLs. Each
+        batch is a lease of its own (:meth:`lease`, which takes an expired lease's batch
+        first); none when there is nothing to lease."""
         if self.partition == "url":
             batch = self.lease(holder, size, ttl, holders)
             return [] if batch is None else [batch]
         if size < 1 or ttl <= 0:
             raise ValueError("a lease needs size >= 1 and ttl > 0")
         cap = _ANY_HOLDERS if holders is None else max(holders, 1)
-        batches: list[WorkBatch] = []
+        holder = str(holder)
         with self.hub.transaction() as tx:
             tx.lock(AdvisoryLock.WORK_UNIT_LEASE)
-            while size > 0 and (batch := self._lease_unit_in(tx, str(holder), size, ttl, cap)):
-                batches.append(batch)
-                size -= len(batch.urls)
+            first = self._lease_unit_in(tx, holder, size, ttl, cap)
+            if first is None:
+                return []
+            batches = [first]
+            size -= len(first.urls)
+            if size <= 0 or first.taken_over is not None:
+                return batches
+            # The units of the next pending items, in item order, but for those held
+            # as often as they allow (found once: this transaction holds the lock).
+            q = self.queue_id
+            held = {unit for (unit,) in tx.execute(_HELD_UNITS, (q, cap, cap)).fetchall()}
+            held.add(first.unit)
+            after = -1
+            while size > 0:
+                rows = tx.execute(
+                    "SELECT id, unit FROM hub_work_items WHERE queue_id = ? "
+                    "AND state = 'pending' AND id > ? ORDER BY id LIMIT 500",
+                    (q, after),
+                ).fetchall()
+                if not rows:
+                    break
+                after = rows[-1][0]
+                for _, unit in rows:
+                    if unit in held:
+                        continue
+                    held.add(unit)
+                    batch = self._lease_unit_items(tx, holder, size, ttl, unit, None)
+                    if batch is not None:
+                        batches.append(batch)
+                        size -= len(batch.urls)
+                        if size <= 0:
+                            break
         return batches
 
     def _lease_unit(self, holder: str, size: int, ttl: float, cap: int) -> WorkBatch | None:
@@ -543,6 +573,14 @@ class WorkQueue:
             if row is None:
                 return None
             unit = row[0]
+        return self._lease_unit_items(tx, holder, size, ttl, unit, old[0] if old else None)
+
+    def _lease_unit_items(
+        self, tx: Transaction, holder: str, size: int, ttl: float, unit: str, old: int | None
+    ) -> WorkBatch | None:
+        """A lease of up to *size* pending items of *unit*, or of the expired lease
+        *old*'s batch; None when it found none."""
+        q = self.queue_id
         lease_id, expires = tx.execute(
             "INSERT INTO hub_work_leases (queue_id, holder, started, expires, unit) "
             "VALUES (?, ?, NOW(), NOW() + ?, ?) RETURNING id, expires",
@@ -551,14 +589,14 @@ class WorkQueue:
         taken = _take(
             tx,
             lease_id,
-            old[0] if old else None,
+            old,
             "queue_id = ? AND unit = ? AND state = 'pending' ORDER BY id LIMIT ?",
             (q, unit, size),
         )
         if not taken:
             return None
         urls = tuple(url for _, url in sorted(taken))
-        return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None, unit)
+        return WorkBatch(lease_id, self.name, urls, float(expires), old, unit)
 
     def _lease_pg(self, holder: str, size: int, ttl: float) -> WorkBatch | None:
         claim = (self._next_item, size, self.queue_id, size)
