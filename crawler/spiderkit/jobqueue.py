@@ -13,6 +13,7 @@ reactor (``blocking``; the hub's connection is thread-safe).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -95,7 +96,9 @@ class JobQueueUrls:
         leased = self._leased.popleft()
         if stored:
             for batch in leased:
-                self.held.remove(batch)
+                # A batch whose lease was lost meanwhile (renew) is held no more already.
+                with contextlib.suppress(ValueError):
+                    self.held.remove(batch)
             self._stored.extend(leased)
         return stored
 
