@@ -74,7 +74,9 @@ def apply(settings, config: RenderConfig, executable: str | None) -> None:
     """scrapy-playwright's settings for ``config`` (values set on the command line win)."""
     handlers = settings.getdict("DOWNLOAD_HANDLERS")
     handlers.update(http=HANDLER, https=HANDLER)
-    settings.set("DOWNLOAD_HANDLERS", handlers, "addon")
+    # Over the project's own HTTP handler (crawler/settings.py), under a spider's or a
+    # command line's.
+    settings.set("DOWNLOAD_HANDLERS", handlers, "project")
     launch = {"headless": not config.headed, "args": list(CHROMIUM_ARGS)}
     if executable:
         launch["executable_path"] = executable

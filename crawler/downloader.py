@@ -17,13 +17,15 @@ checked as it would go on the wire, after Scrapy's own slot queue, so that none 
 a host inside a back-off, whoever let it through before the host asked to wait.
 
 Scrapy has no public hook for five things the crawl needs, and this module alone reaches
-in for them (``tests/test_scrapy_internals.py`` fails when a Scrapy version changes what
-they rely on):
+in for them, ``crawler/connpool.py`` for the HTTP connection pool
+(``tests/test_scrapy_internals.py`` fails when a Scrapy version changes what they rely
+on):
 
 - ``Downloader._download``: the moment a request goes on the wire (back-offs, the
   send time the host gates keep to, a work batch taken over).
 - ``Downloader._get_slot``: a download slot without its own jitter when the host gates
-  pace requests (they wait its delay, AutoThrottle's, and add the jitter themselves).
+  pace requests (they wait its delay, AutoThrottle's, and add the jitter themselves);
+  idle slots dropped past ``DOWNLOAD_SLOTS_MAX`` (Scrapy keeps each a minute).
 - ``Downloader.slots[...].queue``: requests queued in a download slot, let go unsent
   when the crawl closes (a slot's delay would pace them out one by one).
 - the engine slot's ``close()``: when closing starts (:data:`crawler.signals.crawl_closing`),
@@ -120,6 +122,7 @@ class AccountingDownloader(Downloader):
         # would send late what the gates let go on time, into another process's turn.
         self.paced_by_gates = False
         self.close_grace = crawler.settings.getfloat("CRAWL_CLOSE_GRACE", 5.0)
+        self.slots_max = crawler.settings.getint("DOWNLOAD_SLOTS_MAX", 10_000)
         self.closing = False
         self._held: set[Deferred] = set()
         self._in_flight: set[Deferred] = set()
@@ -166,12 +169,32 @@ class AccountingDownloader(Downloader):
             self._delay = delay
 
     def _get_slot(self, request: Request, spider=None):
+        had = len(self.slots)
         key, slot = super()._get_slot(request)
+        if had < len(self.slots) > self.slots_max:
+            self._drop_idle_slots(key)
         if self.paced_by_gates and slot.jitter:
             # The gates wait the slot's delay (AutoThrottle's) and add the jitter: the
             # slot's own wait is then over before the request reaches it.
             slot.jitter = 0.0
         return key, slot
+
+    def _drop_idle_slots(self, keep: str) -> None:
+        """Scrapy drops a slot a minute after its last request, so a crawl over many
+        hosts holds one (about 1.5 KB) for every host of its last minute or two. Past
+        ``DOWNLOAD_SLOTS_MAX`` the idle slots whose delay is over go, least recently
+        used first, down to three quarters of it: a host met again gets a new slot, as
+        it would after Scrapy's minute, and its delay is over already."""
+        now = monotonic()
+        idle = sorted(
+            (slot.lastseen, key)
+            for key, slot in self.slots.items()
+            if key != keep
+            and not (slot.active or slot.transferring or slot.queue or slot.latercall)
+            and slot.lastseen + slot.delay <= now
+        )
+        for _, key in idle[: len(self.slots) - self.slots_max * 3 // 4]:
+            self.slots.pop(key).close()
 
     # --- back-offs --------------------------------------------------------------------
     def back_off(self, request: Request, seconds: float, why: str) -> None:

@@ -51,6 +51,19 @@ TWISTED_DNS_RESOLVER = "scrapy.resolver.CachingHostnameResolver"
 CONCURRENT_REQUESTS = 16
 DOWNLOAD_MAXSIZE = 32 * 1024 * 1024
 DOWNLOAD_WARNSIZE = 8 * 1024 * 1024
+# Twisted's connection pool keeps idle connections for four minutes per host, those the
+# server closed too: a crawl over many hosts held every connection of its last minutes.
+# This handler keeps at most HTTP_IDLE_CONNECTIONS_MAX idle ones over all hosts, the
+# least recently used closed first (crawler/connpool.py).
+DOWNLOAD_HANDLERS = {
+    "http": "crawler.connpool.PooledHTTPDownloadHandler",
+    "https": "crawler.connpool.PooledHTTPDownloadHandler",
+}
+HTTP_IDLE_CONNECTIONS_MAX = 512
+# Scrapy keeps a download slot (its delay, its queue) a minute after a host's last
+# request: one for every host of the last minute or two. Past this many, the idle ones
+# whose delay is over go, least recently used first (crawler/downloader.py).
+DOWNLOAD_SLOTS_MAX = 10_000
 
 TELNETCONSOLE_ENABLED = False
 # An HTTP control port on every crawl node is not wanted on a shared cluster.

@@ -119,6 +119,9 @@ SPECS: dict[str, Spec] = {
     "CONCURRENT_REQUESTS": _count(1),
     "DOWNLOAD_MAXSIZE": Spec(INT, low=0, what="bytes"),
     "DOWNLOAD_WARNSIZE": Spec(INT, low=0, what="bytes"),
+    "DOWNLOAD_HANDLERS": Spec(DICT, what="URI schemes and their handlers' paths"),
+    "HTTP_IDLE_CONNECTIONS_MAX": _count(0),
+    "DOWNLOAD_SLOTS_MAX": _count(1),
     "TELNETCONSOLE_ENABLED": _flag(),
     "REMOTE_CONTROL_ENABLED": _flag(),
     "LOG_LEVEL": Spec(

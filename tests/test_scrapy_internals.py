@@ -1,6 +1,7 @@
-"""What ``crawler/downloader.py`` relies on in Scrapy's internals, on the Scrapy installed:
-a Scrapy release that changes one of them turns a test here red, before a crawl quietly
-sends inside a back-off, paces twice or hangs at its close."""
+"""What ``crawler/downloader.py`` and ``crawler/connpool.py`` rely on in Scrapy's (and
+Twisted's) internals, on the versions installed: a release that changes one of them
+turns a test here red, before a crawl quietly sends inside a back-off, paces twice,
+hangs at its close or holds every connection of the last minutes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import inspect
 import pytest_twisted
 from scrapy import signals
 from scrapy.core.downloader import Downloader, Slot
+from scrapy.core.downloader.handlers.http11 import HTTP11DownloadHandler
 from scrapy.core.engine import ExecutionEngine, _Slot
 from scrapy.utils.defer import deferred_from_coro
+from twisted.web.client import HTTPConnectionPool
 
 from crawler.signals import crawl_closing
 from tests.conftest import project_settings, run_crawl, write_urls
@@ -56,11 +59,36 @@ def test_the_private_names_the_downloader_uses_are_there():
     assert "self._download(slot, request)" in inspect.getsource(Downloader._wait_for_download)
     process = inspect.getsource(Downloader._process_queue)
     assert "slot.download_delay()" in process and "slot.queue.popleft()" in process
-    assert {"jitter", "delay", "queue", "lastseen"} <= set(Slot.__dataclass_fields__)
+    fields = {"jitter", "delay", "queue", "lastseen", "active", "transferring", "latercall"}
+    assert fields <= set(Slot.__dataclass_fields__)
     get_slot = inspect.signature(Downloader._get_slot)
     assert list(get_slot.parameters)[:2] == ["self", "request"]
+    # A new slot is made there, and only there (the idle ones are dropped past a bound).
+    assert "self.slots[key] = " in inspect.getsource(Downloader._get_slot)
     assert inspect.iscoroutinefunction(_Slot.close)
     assert "_slot" in inspect.getsource(ExecutionEngine.close_spider_async)
+
+
+def test_the_pool_internals_crawler_connpool_relies_on_are_there():
+    """``crawler/connpool.py`` swaps the pool of Scrapy's HTTP/1.1 handler and keeps
+    Twisted's per-host lists and timers in step with its own idle list."""
+    made = inspect.getsource(HTTP11DownloadHandler.__init__)
+    assert "self._pool: HTTPConnectionPool = HTTPConnectionPool(" in made
+    assert "self._pool.maxPersistentPerHost" in made and "self._pool._factory" in made
+    for name in ("_putConnection", "_removeConnection"):
+        assert list(inspect.signature(getattr(HTTPConnectionPool, name)).parameters) == [
+            "self",
+            "key",
+            "connection",
+        ]
+    pool = HTTPConnectionPool(None)
+    assert pool._connections == {} and pool._timeouts == {}
+    get = inspect.getsource(HTTPConnectionPool.getConnection)
+    assert "self._connections.get(key)" in get and "connections.pop(0)" in get
+    put = inspect.getsource(HTTPConnectionPool._putConnection)
+    assert "self._connections.setdefault(key, [])" in put and "self._timeouts[connection]" in put
+    remove = inspect.getsource(HTTPConnectionPool._removeConnection)
+    assert "self._connections[key].remove(connection)" in remove
 
 
 @pytest_twisted.ensureDeferred
