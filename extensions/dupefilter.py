@@ -4,9 +4,10 @@ Scrapy's ``RFPDupeFilter`` keeps the fingerprint of every request it has seen in
 Python set, about 100 bytes each: a gigabyte for a list of ten million URLs, in a
 process that otherwise needs far less. :class:`SpillingDupeFilter` keeps them in a set
 as Scrapy does until ``DUPEFILTER_MEMORY_FINGERPRINTS`` are there, then moves them into
-a private temporary SQLite database and starts a new set. SQLite holds at most
-``DUPEFILTER_CACHE_MIB`` of that database in memory and the rest in a temporary file
-under ``SQLITE_TMPDIR`` (node-local disk on a cluster), deleted when the crawl ends.
+a private temporary SQLite database and starts a new set (``crawler/spillset.py``).
+SQLite holds at most ``DUPEFILTER_CACHE_MIB`` of that database in memory and the rest
+in a temporary file under ``SQLITE_TMPDIR`` (node-local disk on a cluster), deleted
+when the crawl ends.
 
 A crawl below the threshold runs exactly as with Scrapy's filter; above it, a request
 costs one more SQLite lookup (``benchmarks/bench_dupefilter.py``; the history of
@@ -17,14 +18,16 @@ resumes with them.
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from typing import TYPE_CHECKING
 
 from scrapy.dupefilters import RFPDupeFilter
 from scrapy.utils.job import job_dir
 
+from crawler.spillset import SpillFile, temp_dir
+
 if TYPE_CHECKING:
+    import sqlite3
+
     from scrapy import Request
     from scrapy.crawler import Crawler
 
@@ -50,7 +53,7 @@ class SpillingDupeFilter(RFPDupeFilter):
         self.memory_fingerprints = memory_fingerprints
         self.cache_mib = cache_mib
         self.spilled = 0
-        self._db: sqlite3.Connection | None = None
+        self._db: SpillFile | None = None
         super().__init__(path, debug, fingerprinter=fingerprinter)
         if len(self._fingerprints) >= memory_fingerprints:  # loaded from JOBDIR
             self._spill()
@@ -75,7 +78,7 @@ class SpillingDupeFilter(RFPDupeFilter):
         fp = self._fingerprint(request)
         if fp in self._fingerprints:
             return True
-        if self._db is not None and self._spilled_has(fp):
+        if self._db is not None and self._db.has(fp):
             return True
         self._fingerprints.add(fp)
         if self.file:
@@ -90,47 +93,17 @@ class SpillingDupeFilter(RFPDupeFilter):
             self._db.close()
             self._db = None
 
-    def _spilled_has(self, fp: bytes) -> bool:
-        try:
-            return self._lookup.execute(_SELECT, (fp,)).fetchone() is not None
-        except sqlite3.Error as exc:
-            raise self._error("read", exc) from exc
-
     def _spill(self) -> None:
-        try:
-            if self._db is None:
-                self._open()
-            # In key order the B-tree is walked once: a spill takes half the time, and
-            # stays flat as the table grows (the history of docs/benchmarks.md).
-            self._db.executemany(_INSERT, ((fp,) for fp in sorted(self._fingerprints)))
-        except sqlite3.Error as exc:
-            raise self._error("write", exc) from exc
+        if self._db is None:
+            self._db = SpillFile(self.cache_mib, self._error)
+        self._db.add_all(sorted(self._fingerprints))
         self.spilled += len(self._fingerprints)
         # clear() hands the set's table back; the new set starts small.
         self._fingerprints.clear()
 
-    def _open(self) -> None:
-        # "" is SQLite's private temporary database: a file in SQLITE_TMPDIR (or
-        # TMPDIR) that only this connection sees and that goes when it closes.
-        db = sqlite3.connect("", isolation_level=None)
-        db.execute("PRAGMA journal_mode=OFF")
-        db.execute("PRAGMA synchronous=OFF")
-        db.execute(f"PRAGMA cache_size=-{self.cache_mib * 1024}")
-        db.execute("CREATE TABLE seen (fp BLOB PRIMARY KEY) WITHOUT ROWID")
-        # Never committed: nothing needs to outlive the crawl, and one open
-        # transaction spares a commit per insert.
-        db.execute("BEGIN")
-        self._db = db
-        self._lookup = db.cursor()
-
     def _error(self, action: str, exc: sqlite3.Error) -> DupeFilterError:
-        where = os.environ.get("SQLITE_TMPDIR") or os.environ.get("TMPDIR") or "/var/tmp"
         return DupeFilterError(
-            f"duplicate filter: cannot {action} its temporary database in {where} ({exc}); "
+            f"duplicate filter: cannot {action} its temporary database in {temp_dir()} ({exc}); "
             "free space there, point SQLITE_TMPDIR elsewhere, or raise "
             "DUPEFILTER_MEMORY_FINGERPRINTS"
         )
-
-
-_SELECT = "SELECT 1 FROM seen WHERE fp = ?"
-_INSERT = "INSERT OR IGNORE INTO seen VALUES (?)"

@@ -37,6 +37,7 @@ from crawler.spiderkit.parsers import hrefs, page_summary
 from crawler.spiderkit.start import BATCH as START_BATCH
 from crawler.spiderkit.start import listed_requests
 from crawler.spiderkit.urls import UrlList, parse_shard
+from crawler.spillset import SpillingSet, temp_dir
 
 if TYPE_CHECKING:
     from crawler.spiderkit.jobqueue import JobQueueUrls
@@ -46,6 +47,13 @@ logger = logging.getLogger(__name__)
 
 def _flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def _domains_error(action: str, exc: Exception) -> Exception:
+    return OSError(
+        f"site spider: cannot {action} the temporary database of the list's domains in "
+        f"{temp_dir()} ({exc}); free space there or point SQLITE_TMPDIR elsewhere"
+    )
 
 
 class SiteSpider(scrapy.Spider):
@@ -60,6 +68,8 @@ class SiteSpider(scrapy.Spider):
     start_batch = START_BATCH
     # Key the next batch in a thread while this one is looked up (see listed_requests).
     start_thread = False
+    # A depth crawl's list domains held in memory; the rest in a temporary file.
+    domains_in_memory = 100_000
 
     def __init__(
         self,
@@ -93,7 +103,9 @@ class SiteSpider(scrapy.Spider):
         self.summaries: bool | None = None if summaries is None else _flag(summaries)
         # None: the work queue of the crawl's job (-s JOB=NAME), taken in from_crawler.
         self.url_list: UrlList | JobQueueUrls | None = UrlList(urls) if urls else None
-        self.domains: set[str] = set()
+        # The registered domains of the list (depth crawls only): links to others are
+        # not followed. A list of millions of sites spills them to a temporary file.
+        self.domains = SpillingSet(self.domains_in_memory, 8, _domains_error)
         # Smallest depth each followed URL was met at (depth crawls only): concurrent
         # downloads can meet a page deeper first, and its links must still be followed
         # when it is met again higher up, or the pages reached would depend on timing.
@@ -207,6 +219,9 @@ class SiteSpider(scrapy.Spider):
             thread=self.start_thread,
         ):
             yield request
+
+    def closed(self, reason: str) -> None:
+        self.domains.close()
 
     def _start_request(self, url: str) -> scrapy.Request:
         if self.depth:

@@ -112,6 +112,7 @@ LAYERS = {
     "crawler.partition": ("crawler.hub", "crawler.spiderkit", "scrapy", "twisted"),
     "crawler.domains": ("crawler.hub", "crawler.spiderkit", "scrapy", "twisted"),
     "crawler.redact": ("crawler.hub", "crawler.storage", "scrapy", "twisted"),
+    "crawler.spillset": ("crawler.hub", "crawler.storage", "scrapy", "twisted"),
 }
 
 
