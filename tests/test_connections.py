@@ -138,3 +138,37 @@ async def test_a_crawl_over_many_hosts_keeps_the_last_hosts_connections_and_slot
     assert [site.opened[host] for host in last] == [1] * 5
     assert [site.opened[host] for host in first] == [2] * 5
     assert MostSlots.most <= 31, MostSlots.most
+
+
+def test_idle_slots_past_the_bound_go_least_recently_used_first_once_their_delay_is_over():
+    from time import monotonic
+
+    from scrapy import Request, Spider
+    from scrapy.core.downloader import Slot
+    from scrapy.utils.test import get_crawler
+
+    from crawler.downloader import AccountingDownloader
+
+    crawler = get_crawler(Spider, {"DOWNLOAD_SLOTS_MAX": 6})
+    downloader = AccountingDownloader(crawler)
+    now = monotonic()
+
+    def slot(ago: float, delay: float = 0.0) -> Slot:
+        made = Slot(1, delay, 0.0)
+        made.lastseen = now - ago
+        return made
+
+    downloader.slots.update(
+        {
+            "old1.test": slot(40),
+            "old2.test": slot(30),
+            "old3.test": slot(20),
+            "old4.test": slot(10),  # idle too, but used more lately than the three
+            "waiting.test": slot(25, delay=30),  # idle, but its delay is not over
+            "busy.test": slot(50),
+        }
+    )
+    downloader.slots["busy.test"].active.add(Request("http://busy.test/"))
+    downloader._get_slot(Request("http://new.test/"))
+    # 7 slots past a bound of 6: down to 4, the three least recently used idle ones go.
+    assert set(downloader.slots) == {"old4.test", "waiting.test", "busy.test", "new.test"}
