@@ -278,7 +278,8 @@ def crawl_once(
                                            stderr=err))  # fmt: skip
             cpu.crawls.append(crawls[-1].pid)
         for proc in crawls:
-            proc.wait(timeout=1800)
+            # A million pages take over half an hour at a few hundred pages a second.
+            proc.wait(timeout=max(1800, pages / 50))
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     overflows = _listen_overflows() - overflows
     stats: dict[str, float] = {}
