@@ -109,8 +109,6 @@ class SiteSpider(scrapy.Spider):
         # Smallest depth each followed URL was met at (depth crawls only): concurrent
         # downloads can meet a page deeper first, and its links must still be followed
         # when it is met again higher up, or the pages reached would depend on timing.
-        # Not the listed URLs (depth 0, met no higher): a link to one is a duplicate the
-        # dupefilter drops, and a list of millions would hold each here too.
         self.depths: dict[str, int] = {}
 
     @classmethod
@@ -226,6 +224,7 @@ class SiteSpider(scrapy.Spider):
     def _start_request(self, url: str) -> scrapy.Request:
         if self.depth:
             self.domains.add(registered_domain(urlsplit(url).hostname))
+            self.depths[url] = 0
         return scrapy.Request(url, callback=self.parse, meta={"catalog_replay": self.depth > 0})
 
     def parse(self, response):

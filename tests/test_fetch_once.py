@@ -51,25 +51,3 @@ async def test_a_page_met_again_higher_up_is_fetched_once(data_dir):
     # Met at depth 2 its links are not followed; met again at depth 1 they are, from
     # the stored copy: /q is reached.
     assert server.counts["/q"] == 1
-
-
-@deferred_f_from_coro_f
-async def test_a_listed_url_linked_from_another_listed_page_is_fetched_once_at_depth_0(
-    data_dir,
-):
-    # /b is listed and linked from /a: fetched once, as a listed page (depth 0), so its
-    # own links are followed at depth 1; /a's link to it is a duplicate.
-    server = RawServer({"/a": page("/b"), "/b": page("/c"), "/c": page("/d"), "/d": page()})
-    crawler = await crawl_site(
-        [server.url("/a"), server.url("/b")], data_dir, {"ROBOTSTXT_OBEY": "0"}, depth="1"
-    )
-    assert {path: server.counts[path] for path in ("/a", "/b", "/c", "/d")} == {
-        "/a": 1,
-        "/b": 1,
-        "/c": 1,
-        "/d": 0,
-    }
-    assert [a["outcome"] for a in actions(data_dir) if a["url"] == server.url("/b")] == ["ok"]
-    # The spider held no depth for a listed URL no page linked to: a list of millions
-    # would otherwise be held whole.
-    assert server.url("/a") not in crawler.spider.depths
