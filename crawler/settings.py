@@ -35,7 +35,7 @@ CONCURRENT_ITEMS = 1
 # moves its fingerprints to a temporary SQLite file (in SQLITE_TMPDIR) once
 # DUPEFILTER_MEMORY_FINGERPRINTS are held, and keeps DUPEFILTER_CACHE_MIB of it cached.
 DUPEFILTER_CLASS = "extensions.dupefilter.SpillingDupeFilter"
-DUPEFILTER_MEMORY_FINGERPRINTS = 250_000
+DUPEFILTER_MEMORY_FINGERPRINTS = 100_000
 DUPEFILTER_CACHE_MIB = 16
 
 # Scrapy's default resolver asks for IPv4 addresses only: http://[::1]:8080/ and hosts

@@ -43,7 +43,7 @@ class SpillingDupeFilter(RFPDupeFilter):
         debug: bool = False,
         *,
         fingerprinter=None,
-        memory_fingerprints: int = 250_000,
+        memory_fingerprints: int = 100_000,
         cache_mib: int = 16,
     ) -> None:
         if memory_fingerprints < 1:
@@ -65,7 +65,7 @@ class SpillingDupeFilter(RFPDupeFilter):
             job_dir(settings),
             settings.getbool("DUPEFILTER_DEBUG"),
             fingerprinter=crawler.request_fingerprinter,
-            memory_fingerprints=settings.getint("DUPEFILTER_MEMORY_FINGERPRINTS", 250_000),
+            memory_fingerprints=settings.getint("DUPEFILTER_MEMORY_FINGERPRINTS", 100_000),
             cache_mib=settings.getint("DUPEFILTER_CACHE_MIB", 16),
         )
 
