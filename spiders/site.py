@@ -37,7 +37,7 @@ from crawler.spiderkit.parsers import hrefs, page_summary
 from crawler.spiderkit.start import BATCH as START_BATCH
 from crawler.spiderkit.start import listed_requests
 from crawler.spiderkit.urls import UrlList, parse_shard
-from crawler.spillset import SpillingSet, temp_dir
+from crawler.spillset import SpillingMap, SpillingSet, temp_dir
 
 if TYPE_CHECKING:
     from crawler.spiderkit.jobqueue import JobQueueUrls
@@ -49,11 +49,14 @@ def _flag(value) -> bool:
     return str(value).strip().lower() in ("1", "true", "yes", "on")
 
 
-def _domains_error(action: str, exc: Exception) -> Exception:
-    return OSError(
-        f"site spider: cannot {action} the temporary database of the list's domains in "
-        f"{temp_dir()} ({exc}); free space there or point SQLITE_TMPDIR elsewhere"
-    )
+def _spill_error(what: str):
+    def error(action: str, exc: Exception) -> Exception:
+        return OSError(
+            f"site spider: cannot {action} the temporary database of {what} in "
+            f"{temp_dir()} ({exc}); free space there or point SQLITE_TMPDIR elsewhere"
+        )
+
+    return error
 
 
 class SiteSpider(scrapy.Spider):
@@ -70,6 +73,8 @@ class SiteSpider(scrapy.Spider):
     start_thread = False
     # A depth crawl's list domains held in memory; the rest in a temporary file.
     domains_in_memory = 100_000
+    # A depth crawl's URLs whose depth is held in memory; the rest in a temporary file.
+    depths_in_memory = 100_000
 
     def __init__(
         self,
@@ -105,11 +110,12 @@ class SiteSpider(scrapy.Spider):
         self.url_list: UrlList | JobQueueUrls | None = UrlList(urls) if urls else None
         # The registered domains of the list (depth crawls only): links to others are
         # not followed. A list of millions of sites spills them to a temporary file.
-        self.domains = SpillingSet(self.domains_in_memory, 8, _domains_error)
-        # Smallest depth each followed URL was met at (depth crawls only): concurrent
-        # downloads can meet a page deeper first, and its links must still be followed
-        # when it is met again higher up, or the pages reached would depend on timing.
-        self.depths: dict[str, int] = {}
+        self.domains = SpillingSet(self.domains_in_memory, 8, _spill_error("the list's domains"))
+        # Smallest depth each listed or followed URL was met at (depth crawls only):
+        # concurrent downloads can meet a page deeper first, and its links must still be
+        # followed when it is met again higher up, or the pages reached would depend on
+        # timing. Spills too: a list of millions is millions of URLs at depth 0.
+        self.depths = SpillingMap(self.depths_in_memory, 8, _spill_error("URL depths"))
 
     @classmethod
     def from_crawler(cls, crawler, *args, **kwargs):
@@ -220,6 +226,7 @@ class SiteSpider(scrapy.Spider):
 
     def closed(self, reason: str) -> None:
         self.domains.close()
+        self.depths.close()
 
     def _start_request(self, url: str) -> scrapy.Request:
         if self.depth:

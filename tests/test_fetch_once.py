@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from spiders.site import SiteSpider
 from tests.checks import actions, response_records
 from tests.crawls import crawl_site
 from tests.rawserver import RawServer, response
@@ -19,8 +21,11 @@ def page(*links: str) -> bytes:
     )
 
 
+# 1: every URL's depth moves to the spider's temporary file as it is set.
+@pytest.mark.parametrize("depths_in_memory", [SiteSpider.depths_in_memory, 1])
 @deferred_f_from_coro_f
-async def test_a_page_met_again_higher_up_is_fetched_once(data_dir):
+async def test_a_page_met_again_higher_up_is_fetched_once(data_dir, monkeypatch, depths_in_memory):
+    monkeypatch.setattr(SiteSpider, "depths_in_memory", depths_in_memory)
     p_requested = threading.Event()
 
     def b_after_p(path: str) -> bytes:
