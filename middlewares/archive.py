@@ -10,7 +10,8 @@ the storage extension's parts (``extensions/storage/``).
 
 - On the way out, a request whose key is stored is decided by the policy; a request
   for a key this run is still fetching or storing waits for its row first, so that a
-  URL is fetched once.
+  URL is fetched once. A request not looked up in a batch already (a followed link) is
+  looked up in the storage's lookup thread, with the others of its turn of the reactor.
 - On the way back, final answers are stored, a 304 to a revalidation refreshes its
   row, and everything else is logged as an error (no row: the next run tries again).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.exceptions import IgnoreRequest, NotConfigured
 from scrapy.http import Response
+from scrapy.utils.defer import maybe_deferred_to_future
 
 from crawler.downloader import NotSent, TakenOver
 from crawler.fetches import response_fetch
@@ -72,26 +74,33 @@ class ArchiveMiddleware:
             return None
         if meta.get("catalog_revalidating"):
             return None  # a redirect or retry of a revalidation
-        row = self.stored.lookup(key)
+        return self._looked_up(request, key)
+
+    async def _looked_up(self, request: Request, key: str) -> Response | None:
+        while True:
+            settling = self.waits.in_flight(key)
+            row, parsed = await self._row(key)
+            # Committed while it was looked up: not found then, and not in flight now.
+            if row is not None or not settling or self.waits.in_flight(key):
+                break
         if row is None and self.waits.in_flight(key):
-            return self._when_settled(request, key)
-        return self._answer(request, key, row)
+            row, parsed = await self.waits.wait_for_row(key, self._row)
+        return await self._answer(request, key, row, parsed)
 
-    async def _when_settled(self, request: Request, key: str) -> Response | None:
-        return self._answer(request, key, await self.waits.wait_for_row(key))
+    async def _row(self, key: str) -> tuple[Row | None, bool]:
+        # In the lookup thread: the catalog is never read on the reactor's.
+        return await maybe_deferred_to_future(self.stored.row(key))
 
-    def _answer(self, request: Request, key: str, row: Row | None) -> Response | None:
+    async def _answer(
+        self, request: Request, key: str, row: Row | None, parsed: bool | None
+    ) -> Response | None:
         meta = request.meta
         if row is None and self.actions.seen(key):
             # Met again after this run gave up on it: its error line is its outcome.
             self.actions.duplicate(request)
             raise CachedRequest(f"met again: {request.url}")
         looked_up(request, row is not None)
-        if row is None:
-            decision = Decision.FETCH
-        else:
-            parsed = key in self.stored.parsed([key])
-            decision = self.policy.when_stored(meta, row, parsed)
+        decision = Decision.FETCH if row is None else self.policy.when_stored(meta, row, parsed)
         if decision is Decision.SKIP:
             self.actions.cache_hit(request)
             raise CachedRequest(f"already stored: {request.url}")
@@ -103,7 +112,13 @@ class ArchiveMiddleware:
         if decision is Decision.FETCH and row is not None:
             meta["catalog_row"] = row  # its payload may come back unchanged: a revisit
         if decision is Decision.REPLAY:
-            response = self.archiver.replay(request, row)
+            # Read and inflated in the lookup thread too, unless the crawl is stopping.
+            reading = self.stored.call(self.session.replay, row)
+            if reading is None:
+                stored = self.session.replay(row)
+            else:
+                stored = await maybe_deferred_to_future(reading)
+            response = self.archiver.replayed(request, stored)
             if response is not None:
                 self.actions.cache_hit(request)
                 if self.policy.wants_items(parsed):

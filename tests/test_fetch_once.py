@@ -8,6 +8,8 @@ import threading
 import pytest
 from scrapy.utils.defer import deferred_f_from_coro_f
 
+from crawler.storage.catalog import Catalog
+from crawler.storage.datadir import DataDir
 from spiders.site import SiteSpider
 from tests.checks import actions, response_records
 from tests.crawls import crawl_site
@@ -56,3 +58,37 @@ async def test_a_page_met_again_higher_up_is_fetched_once(data_dir, monkeypatch,
     # Met at depth 2 its links are not followed; met again at depth 1 they are, from
     # the stored copy: /q is reached.
     assert server.counts["/q"] == 1
+
+
+@deferred_f_from_coro_f
+async def test_followed_links_are_looked_up_and_replayed_off_the_reactor_thread(
+    data_dir, monkeypatch
+):
+    server = RawServer({"/a": page("/b", "/c"), "/b": page("/c"), "/c": page()})
+    settings = {"ROBOTSTXT_OBEY": "0"}
+    await crawl_site([server.url("/a")], data_dir, settings, depth="2")
+    threads = []
+
+    def get(self, key):
+        threads.append(threading.current_thread().name)
+        return real_get(self, key)
+
+    def rows(self, where="1", params=()):
+        threads.append(threading.current_thread().name)
+        return real_rows(self, where, params)
+
+    def read(self, row):
+        reads.append(threading.current_thread().name)
+        return real_read(self, row)
+
+    reads = []
+    real_get, real_rows, real_read = Catalog.get, Catalog.rows, DataDir.read
+    monkeypatch.setattr(Catalog, "get", get)
+    monkeypatch.setattr(Catalog, "rows", rows)
+    monkeypatch.setattr(DataDir, "read", read)
+    # Again: the stored pages are replayed for their links, which are stored too.
+    await crawl_site([server.url("/a")], data_dir, settings, depth="2")
+    assert sum(server.counts.values()) == 3  # nothing fetched twice
+    assert threads and threading.main_thread().name not in threads
+    # /a, /b and /c (depth 0 and 1) replayed for their links, read off the reactor too.
+    assert len(reads) == 3 and threading.main_thread().name not in reads

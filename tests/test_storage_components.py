@@ -3,14 +3,17 @@ tests build theirs, over real data directories."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import pytest
 from scrapy import Request, Spider
 from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
-from scrapy.utils.defer import deferred_f_from_coro_f
+from scrapy.utils.defer import deferred_f_from_coro_f, deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.test import get_crawler
+from twisted.internet import reactor
+from twisted.internet.task import deferLater
 
 from crawler.storage.datadir import DataDir
 from crawler.storage.keys import request_key
@@ -47,6 +50,13 @@ def archive_middleware(data_dir, **settings) -> tuple[ArchiveMiddleware, Spider]
     return mw, spider
 
 
+async def sent(mw: ArchiveMiddleware, request: Request):
+    """What the middleware answers ``request`` on its way out (a request not looked up
+    yet is looked up in the storage's thread)."""
+    answer = mw.process_request(request)
+    return await answer if inspect.iscoroutine(answer) else answer
+
+
 def page(url: str, body: bytes, request: Request, status: int = 200, **headers) -> HtmlResponse:
     return HtmlResponse(url, status=status, body=body, headers=headers, request=request)
 
@@ -54,12 +64,13 @@ def page(url: str, body: bytes, request: Request, status: int = 200, **headers) 
 # -- ArchiveMiddleware ----------------------------------------------------------------------
 
 
-def test_archive_middleware_stores_final_answers_and_logs_the_rest(data_dir):
+@deferred_f_from_coro_f
+async def test_archive_middleware_stores_final_answers_and_logs_the_rest(data_dir):
     mw, spider = archive_middleware(data_dir)
     ok = Request("http://example.org/ok")
     failed = Request("http://example.org/failed")
     for request in (ok, failed):
-        assert mw.process_request(request) is None  # nothing stored: sent
+        assert await sent(mw, request) is None  # nothing stored: sent
     answer = page(ok.url, b"<html>ok</html>", ok, ETag='"v1"')
     assert mw.process_response(ok, answer) is answer
     mw.process_response(failed, page(failed.url, b"oops", failed, status=500))
@@ -75,14 +86,15 @@ def test_archive_middleware_stores_final_answers_and_logs_the_rest(data_dir):
     assert outcomes == {(ok.url, "ok", 200), (failed.url, "error", 500)}
 
 
-def test_archive_middleware_drops_or_replays_what_is_stored(stored):
+@deferred_f_from_coro_f
+async def test_archive_middleware_drops_or_replays_what_is_stored(stored):
     # Items or not, the spider of a crawl that parses stored pages gets them replayed
     # (tests/test_items_stored.py): here they are skipped.
     mw, spider = archive_middleware(stored.root, CATALOG_ITEMS_PARSE_STORED=False)
     url = "http://example.org/page/1"
     with pytest.raises(CachedRequest):
-        mw.process_request(Request(url))
-    replayed = mw.process_request(Request(url, meta={"catalog_replay": True}))
+        await sent(mw, Request(url))
+    replayed = await sent(mw, Request(url, meta={"catalog_replay": True}))
     assert isinstance(replayed, HtmlResponse) and CACHED_FLAG in replayed.flags
     assert replayed.body == listed_body(1)
     start = [Request(f"http://example.org/page/{n}") for n in range(2, 5)]
@@ -100,13 +112,14 @@ def test_archive_middleware_drops_or_replays_what_is_stored(stored):
     assert sorted(hits) == [url, "http://example.org/page/2"]
 
 
-def test_archive_middleware_revalidates_and_refreshes_on_304(stored):
+@deferred_f_from_coro_f
+async def test_archive_middleware_revalidates_and_refreshes_on_304(stored):
     # A row without validators cannot be revalidated: the page is fetched again.
     mw, spider = archive_middleware(stored.root)
     key = request_key("http://example.org/page/0")
     assert catalog_rows(stored.root)[key].etag is None
     request = Request("http://example.org/page/0", meta={"catalog_revalidate": True})
-    assert mw.process_request(request) is None
+    assert await sent(mw, request) is None
     assert b"If-None-Match" not in request.headers and "catalog_revalidating" not in request.meta
     mw.spider_closed(spider, "finished")
 
@@ -117,7 +130,7 @@ def test_archive_middleware_revalidates_and_refreshes_on_304(stored):
     before = catalog_rows(stored.root)[key]
     mw, spider = archive_middleware(stored.root)
     request = Request("http://example.org/page/0", meta={"catalog_revalidate": True})
-    assert mw.process_request(request) is None
+    assert await sent(mw, request) is None
     assert request.headers[b"If-None-Match"] == b'"e0"'
     mw.process_response(request, page(request.url, b"", request, status=304, ETag='"e1"'))
     mw.spider_closed(spider, "finished")
@@ -309,12 +322,13 @@ class ReplayEverything:
         return Decision.REPLAY
 
 
-def test_archive_policy_setting_plugs_another_policy(stored):
+@deferred_f_from_coro_f
+async def test_archive_policy_setting_plugs_another_policy(stored):
     policy = f"{__name__}.ReplayEverything"
     mw, spider = archive_middleware(stored.root, ARCHIVE_POLICY=policy)
     start = [Request(f"http://example.org/page/{n}") for n in range(2, 4)]
     assert len(mw.storage.stored.filter_start(start)) == 2  # nothing skipped
-    replayed = mw.process_request(Request("http://example.org/page/1"))
+    replayed = await sent(mw, Request("http://example.org/page/1"))
     assert replayed.body == listed_body(1) and CACHED_FLAG in replayed.flags
     mw.spider_closed(spider, "finished")
 
@@ -328,16 +342,21 @@ async def test_a_request_for_a_key_in_flight_waits_for_its_commit(data_dir):
     )
     ok, failed = Request("http://example.org/ok"), Request("http://example.org/failed")
     for request in (ok, failed):
-        assert mw.process_request(request) is None  # sent: now in flight
-    ok_again = mw.process_request(Request(ok.url))
-    failed_again = mw.process_request(Request(failed.url))
+        assert await sent(mw, request) is None  # sent: now in flight
+    # Started as Scrapy starts them: looked up (in the lookup thread), then waiting.
+    ok_again = deferred_from_coro(mw.process_request(Request(ok.url)))
+    failed_again = deferred_from_coro(mw.process_request(Request(failed.url)))
+    for _ in range(500):
+        if mw.crawler.stats.get_value("catalog/waits_for_writer") == 2:
+            break
+        await maybe_deferred_to_future(deferLater(reactor, 0.01))
     mw.process_response(ok, page(ok.url, b"<html>ok</html>", ok))
     mw.process_response(failed, page(failed.url, b"oops", failed, status=500))
     with pytest.raises(CachedRequest):  # woken by the commit: the row is there
-        await ok_again
+        await maybe_deferred_to_future(ok_again)
     # Woken by the failure: its error line is the URL's outcome in this run.
     with pytest.raises(CachedRequest):
-        await failed_again
+        await maybe_deferred_to_future(failed_again)
     mw.spider_closed(spider, "finished")
     stats = mw.crawler.stats
     assert stats.get_value("catalog/waits_for_writer") == 2

@@ -13,7 +13,8 @@ from __future__ import annotations
 import sqlite3
 
 from crawler.storage.catalog import Catalog
-from crawler.storage.items import StoredParsed, stored_parsed
+from crawler.storage.items import StoredParsed, parsed_keys, stored_parsed
+from crawler.storage.records import Row
 from crawler.storage.seen import CatalogWithSeen
 
 
@@ -47,6 +48,24 @@ class BatchLookup:
             if spider is None:
                 found.parsed = found.stored
         return found
+
+    def rows(
+        self, keys: list[str], spider: str | None
+    ) -> tuple[dict[str, Row], set[str], set[str]]:
+        """The crawl catalog's rows of ``keys``, by key; the keys among them whose items
+        of ``spider`` are stored (all of them with ``spider`` None); and the keys found
+        in the seen catalogs only, whose rows the caller reads itself."""
+        rows: dict[str, Row] = {}
+        for i in range(0, len(keys), 500):
+            chunk = keys[i : i + 500]
+            where = f"key IN ({','.join('?' * len(chunk))})"
+            rows.update((row.key, row) for row in self.catalog.rows(where, chunk))
+        parsed = set(rows) if spider is None else parsed_keys(self.catalog.conn, spider, list(rows))
+        elsewhere: set[str] = set()
+        if self.seen is not None and len(rows) < len(keys):
+            rest = [key for key in keys if key not in rows]
+            elsewhere = set(rest) - Catalog.absent_on(self.seen, rest, "seen")
+        return rows, parsed, elsewhere
 
     def close(self) -> None:
         self.catalog.close()

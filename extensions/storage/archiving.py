@@ -20,7 +20,7 @@ from crawler import signals as crawler_signals
 from crawler.reparse.responses import build_response
 from crawler.storage.actionlog import Outcome
 from crawler.storage.errors import StoreError
-from crawler.storage.records import Fetch, Row
+from crawler.storage.records import Fetch, Row, StoredRecord
 from crawler.storage.runcounts import RunCounts
 from crawler.storage.session import StorageSession
 from extensions.archive_policy import ArchivePolicy
@@ -110,7 +110,10 @@ class Archiver:
     def replay(self, request: Request, row: Row) -> Response | None:
         """The stored answer to ``request``; None when it cannot be read (counted in
         ``archive/read_errors``), which callers treat as not stored."""
-        stored = self.session.replay(row)
+        return self.replayed(request, self.session.replay(row))
+
+    def replayed(self, request: Request, stored: StoredRecord | None) -> Response | None:
+        """:meth:`replay` of a stored answer read already (None: it could not be)."""
         if stored is None:
             self.counts.inc("archive/read_errors")
             return None

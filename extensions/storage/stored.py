@@ -21,7 +21,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.threadpool import ThreadPool
 
 from crawler.storage.batchlookup import BatchLookup
-from crawler.storage.items import StoredParsed, parsed_keys
+from crawler.storage.items import StoredParsed
 from crawler.storage.records import Row
 from crawler.storage.session import StorageSession
 from extensions.archive_policy import ArchivePolicy, Decision
@@ -45,6 +45,8 @@ class StoredPages:
         self._trigger = None
         # Its connections to the catalogs, from the data directory's opening on.
         self.batch_lookup: BatchLookup | None = None
+        # Single keys asked in this turn of the reactor, with who waits for each.
+        self._rows_asked: list[tuple[str, Deferred]] = []
 
     def open(self) -> None:
         """The session is open: connect the batch lookups to its catalogs."""
@@ -52,13 +54,6 @@ class StoredPages:
 
     def lookup(self, key: str) -> Row | None:
         return self.session.lookup(key)
-
-    def parsed(self, keys: set[str] | list[str]) -> set[str]:
-        """The ones among stored ``keys`` whose items of this spider are stored; all of
-        them when the policy does not parse stored pages (nothing to ask)."""
-        if not keys or not self.policy.parse_stored:
-            return set(keys)
-        return parsed_keys(self.session.catalog.conn, self.spider_name, list(keys))
 
     async def in_thread(self, keys: list[str]) -> StoredParsed | None:
         """:meth:`_stored_parsed` in the lookup thread; None when the catalog is not
@@ -69,6 +64,61 @@ class StoredPages:
     def ask(self, keys: list[str]) -> Deferred | None:
         """:meth:`in_thread`, started now: the caller goes on (keys the next batch)
         while the catalog is searched."""
+        return self.call(self._stored_parsed, keys)
+
+    def row(self, key: str) -> Deferred:
+        """``(row, parsed)`` of ``key``: its catalog row (None: not stored) and whether
+        its items of this spider are stored, asked in the lookup thread together with
+        the other keys asked in this turn of the reactor (a page's links reach the
+        downloader together)."""
+        from twisted.internet import reactor
+
+        asked = Deferred()
+        self._rows_asked.append((key, asked))
+        if len(self._rows_asked) == 1:
+            reactor.callLater(0, self._ask_rows)
+        return asked
+
+    def _ask_rows(self) -> None:
+        asked, self._rows_asked = self._rows_asked, []
+        spider = self.spider_name if self.policy.parse_stored else None
+        found = self.call(self._rows, list({key for key, _ in asked}), spider)
+        if found is None:  # the catalog is closed: the crawl is stopping
+            for _, waiter in asked:
+                waiter.callback((None, False))
+            return
+
+        def answer(result) -> None:
+            rows, parsed, elsewhere = result
+            for key, waiter in asked:
+                row = rows.get(key)
+                if row is None and key in elsewhere:
+                    # A row of another data directory (CATALOG_SEEN): never parsed here.
+                    row = self.session.lookup(key)
+                    waiter.callback((row, spider is None))
+                else:
+                    waiter.callback((row, key in parsed))
+
+        def failed(failure) -> None:
+            for _, waiter in asked:
+                waiter.errback(failure)
+
+        found.addCallbacks(answer, failed)
+
+    def _rows(self, keys: list[str], spider: str | None):
+        lookup = self.batch_lookup
+        if lookup is None:
+            return {}, set(), set()
+        try:
+            return lookup.rows(keys, spider)
+        except sqlite3.ProgrammingError:
+            if self.batch_lookup is None:  # closed under the query
+                return {}, set(), set()
+            raise
+
+    def call(self, f, *args) -> Deferred | None:
+        """``f(*args)`` in the lookup thread (a stored page's read too); None when the
+        catalog is not open."""
         from twisted.internet import reactor
 
         if self.batch_lookup is None:
@@ -79,7 +129,7 @@ class StoredPages:
             # A crawl stopped at once (a second signal) never closes the storage: its
             # thread would keep the process from exiting.
             self._trigger = reactor.addSystemEventTrigger("during", "shutdown", self._stop_pool)
-        return threads.deferToThreadPool(reactor, self._pool, self._stored_parsed, keys)
+        return threads.deferToThreadPool(reactor, self._pool, f, *args)
 
     def close(self) -> None:
         """Stop the lookup thread (once its query, if any, is done), then close its

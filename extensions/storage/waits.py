@@ -11,6 +11,7 @@ a fetch that stores nothing wakes its waiters at once, to fetch it themselves.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 
 from scrapy.utils.defer import maybe_deferred_to_future
 from twisted.internet import defer
@@ -19,6 +20,9 @@ from crawler.storage.records import Row
 from crawler.storage.runcounts import RunCounts
 from crawler.storage.session import StorageSession
 from crawler.storage.unsettled import UnsettledKeys
+
+# A key's (row, parsed) from the catalog, asked off the reactor thread.
+Lookup = Callable[[str], Awaitable[tuple[Row | None, bool]]]
 
 
 class RowWaits:
@@ -50,16 +54,17 @@ class RowWaits:
     def in_flight(self, key: str) -> bool:
         return key in self._unsettled
 
-    async def wait_for_row(self, key: str) -> Row | None:
-        """The row of a key this run is fetching or storing, once the writer commits
-        it; None when its fetch stored nothing, or after a while."""
+    async def wait_for_row(self, key: str, lookup: Lookup) -> tuple[Row | None, bool | None]:
+        """What ``lookup`` finds of a key this run is fetching or storing (its row, and
+        whether its page is parsed), asked again after each commit until the row is
+        there; no row when its fetch stored nothing, or after a while."""
         from twisted.internet import reactor
 
         self.counts.inc("catalog/waits_for_writer")
         deadline = time.monotonic() + self.settle_seconds
-        row = None
+        found: tuple[Row | None, bool | None] = (None, None)
         session = self.session
-        while row is None and key in self._unsettled and session.catalog is not None:
+        while found[0] is None and key in self._unsettled and session.catalog is not None:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -71,8 +76,8 @@ class RowWaits:
             except defer.TimeoutError:
                 break
             if session.catalog is not None:
-                row = session.lookup(key)
-        return row
+                found = await lookup(key)
+        return found
 
     def committed(self) -> None:
         """The writer committed a batch. Called while its replies are read, maybe in
