@@ -1,8 +1,9 @@
-"""Connections of its own to a crawl's catalogs, for the thread that asks for its start
-batches: :class:`BatchLookup`.
+"""Connections of its own to a crawl's catalogs, for the thread that looks keys up:
+:class:`BatchLookup`.
 
-A resumed list is looked up 2,000 keys a query while the reactor keeps fetching (and
-asks the catalog for single keys meanwhile). Python's sqlite3 connection is not to be
+A resumed list is looked up 2,000 keys a query, and followed links the keys of a turn
+of the reactor a query, while the reactor keeps fetching (and the crawl's own catalog
+connection serves its other readers). Python's sqlite3 connection is not to be
 used by two threads at once (a statement of one was seen failing under the other's,
 "returned NULL without setting an exception"), so the lookup thread reads the same
 files through connections of its own.
