@@ -94,7 +94,11 @@ class StoredPages:
                 row = rows.get(key)
                 if row is None and key in elsewhere:
                     # A row of another data directory (CATALOG_SEEN): never parsed here.
-                    row = self.session.lookup(key)
+                    try:
+                        row = self.session.lookup(key)
+                    except Exception:
+                        waiter.errback()
+                        continue
                     waiter.callback((row, spider is None))
                 else:
                     waiter.callback((row, key in parsed))
