@@ -92,3 +92,22 @@ async def test_followed_links_are_looked_up_and_replayed_off_the_reactor_thread(
     assert threads and threading.main_thread().name not in threads
     # /a, /b and /c (depth 0 and 1) replayed for their links, read off the reactor too.
     assert len(reads) == 3 and threading.main_thread().name not in reads
+
+
+@deferred_f_from_coro_f
+async def test_a_depth_crawl_replays_pages_of_another_data_directory_s_catalog(tmp_path):
+    # CATALOG_SEEN: pages stored by an earlier crawl elsewhere are neither fetched nor
+    # stored again; their links are followed from the other directory's archive.
+    server = RawServer({"/a": page("/b"), "/b": page("/c"), "/c": page()})
+    settings = {"ROBOTSTXT_OBEY": "0"}
+    await crawl_site([server.url("/a")], tmp_path / "one", settings, depth="1")
+    assert (server.counts["/a"], server.counts["/b"], server.counts["/c"]) == (1, 1, 0)
+    seen = {**settings, "CATALOG_SEEN": str(tmp_path / "one" / "metadata.db")}
+    await crawl_site([server.url("/a")], tmp_path / "two", seen, depth="2")
+    assert (server.counts["/a"], server.counts["/b"], server.counts["/c"]) == (1, 1, 1)
+    outcomes = {a["url"]: a["outcome"] for a in actions(tmp_path / "two")}
+    assert outcomes == {
+        server.url("/a"): "cache_hit",
+        server.url("/b"): "cache_hit",
+        server.url("/c"): "ok",
+    }
