@@ -12,7 +12,11 @@ import pytest
 
 from crawler.hub import Hub
 from crawler.hub.hostbudget import HostAsk, HostBudgetStore
-from tests.hubs import hub_url  # noqa: F401 - a fixture
+from crawler.hub.locks import AdvisoryLock
+from tests.hubs import (
+    hub_url,  # noqa: F401 - a fixture
+    pg_schema_url,
+)
 
 A, B = "host-a/1", "host-b/2"
 
@@ -300,3 +304,43 @@ def test_a_stretch_grows_for_its_holder_while_nobody_waits(store):
     (b,) = store.take([HostAsk("g.test", 1.0, 1)], B, ttl=30)
     (refused,) = store.take([HostAsk("g.test", 1.0, 1, count=3)], A, ttl=30)
     assert (b.slots, refused.slots, refused.queued) == ((), (), True)
+
+
+def test_slot_churn_on_postgresql_is_vacuumed_by_the_takers_one_at_a_time():
+    """Every stretch is a slot row made and deleted: with autovacuum late or off (as on
+    this project's test server) the dead rows pile up under every take, so the takers
+    vacuum the host tables themselves, one process at a time."""
+    url, drop = pg_schema_url()
+    stats = (
+        "SELECT vacuum_count + autovacuum_count, n_dead_tup FROM pg_stat_user_tables "
+        "WHERE relid = 'hub_host_slots'::regclass"
+    )
+
+    def churn(store: HostBudgetStore, rounds: int) -> None:
+        for _ in range(rounds):
+            answers = store.take([HostAsk(f"h{n}.test", 1.0, 1) for n in range(20)], A, 30)
+            store.release([(slot.slot_id, 0.0) for a in answers for slot in a.slots])
+
+    try:
+        with Hub.open(url) as hub, Hub.open(url) as other:
+            store = HostBudgetStore.open(hub)
+            store.VACUUM_SECONDS = 0.0
+            store.VACUUM_CHECK_EVERY = 10**9  # first without
+            churn(store, 50)
+            hub.query("SELECT pg_stat_force_next_flush()")
+            vacuums, dead = hub.query(stats)[0]
+            assert dead >= 500, dead  # what takes wade through unvacuumed
+            store.VACUUM_CHECK_EVERY = 20
+            churn(store, 50)
+            hub.query("SELECT pg_stat_force_next_flush()")
+            assert hub.query(stats)[0][0] - vacuums >= 4, "a vacuum every 20 calls"
+            # Never two at once, never more often than VACUUM_SECONDS.
+            lock = int(AdvisoryLock.HOST_VACUUM)
+            assert other.query("SELECT pg_try_advisory_lock(?)", (lock,))[0][0]
+            assert not store.vacuum_if_due(), "another process is vacuuming"
+            other.query("SELECT pg_advisory_unlock(?)", (lock,))
+            assert store.vacuum_if_due()
+            store.VACUUM_SECONDS = 3600.0
+            assert not store.vacuum_if_due(), "vacuumed a moment ago"
+    finally:
+        drop()

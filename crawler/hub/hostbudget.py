@@ -52,6 +52,7 @@ from dataclasses import dataclass
 
 from crawler.hub.db import Hub, Transaction
 from crawler.hub.locks import AdvisoryLock
+from crawler.hub.upkeep import Vacuuming
 
 HOST_SCHEMA_VERSION = 3
 
@@ -687,8 +688,16 @@ _KEY_STATE = (
 )
 
 
-class PostgresHostBudgetStore(HostBudgetStore):
-    """Takes, exchanges, renewals and releases in one round trip each (see ``_PG_TAKE``)."""
+class PostgresHostBudgetStore(Vacuuming, HostBudgetStore):
+    """Takes, exchanges, renewals and releases in one round trip each (see ``_PG_TAKE``);
+    every stretch is a slot row made and deleted, and its host's row updated: the
+    tables are vacuumed by their users (``crawler/hub/upkeep.py``)."""
+
+    VACUUM_TABLES = ("hub_host_slots", "hub_hosts", "hub_host_waiters")
+    VACUUM_LOCK = AdvisoryLock.HOST_VACUUM
+    VACUUM_CHECK_EVERY = 100
+    VACUUM_SECONDS = 5.0
+    VACUUM_GOES_ON = "host budgeting"
 
     def take(self, asks: Sequence[HostAsk], holder: str, ttl: float) -> list[HostAnswer]:
         if not asks:
@@ -699,6 +708,7 @@ class PostgresHostBudgetStore(HostBudgetStore):
             "?::int[], ?, ?)",
             (*_ask_arrays(ordered), holder, ttl),
         )
+        self._count_operation()
         return _answers(asks, rows, ttl)
 
     def exchange(
@@ -724,6 +734,7 @@ class PostgresHostBudgetStore(HostBudgetStore):
                 ttl,
             ),
         )
+        self._count_operation()
         return _answers(asks, rows, ttl)
 
     def renew(self, slot_ids: Iterable[int], ttl: float) -> dict[int, Renewal]:
@@ -755,6 +766,7 @@ class PostgresHostBudgetStore(HostBudgetStore):
             "SELECT hub_host_release(?::bigint[], ?::float8[])",
             ([i for i, _ in items], [ago for _, ago in items]),
         )
+        self._count_operation()
         return int(rows[0][0])
 
 

@@ -29,11 +29,9 @@ import hashlib
 import logging
 import random
 from collections.abc import Iterable
-from contextlib import suppress
 from typing import Any
 
 from crawler.hub.db import Hub
-from crawler.hub.errors import HubError
 from crawler.hub.identity import Holder
 from crawler.hub.lease_store import (
     LINE_MINUTE,
@@ -45,6 +43,7 @@ from crawler.hub.lease_store import (
     line_terms,
 )
 from crawler.hub.locks import AdvisoryLock
+from crawler.hub.upkeep import Vacuuming
 from crawler.redact import redact_url
 
 logger = logging.getLogger(__name__)
@@ -257,29 +256,20 @@ FROM b, t WHERE p.id = b.proxy_id AND p.lease_id = b.lease_id AND p.state = 'lea
 RETURNING p.lease_id
 """
 
-# Whether hub_proxies is due a vacuum, and if so this session's to do (it then holds
-# PROXY_VACUUM). NOW() would be rewritten: these are timestamps, not the hub's epoch.
-_VACUUM_DUE = """
-SELECT CASE WHEN COALESCE(GREATEST(last_vacuum, last_autovacuum), '-infinity')
-    < clock_timestamp() - make_interval(secs => ?) THEN pg_try_advisory_lock(?) ELSE FALSE END
-FROM pg_stat_user_tables WHERE relid = 'hub_proxies'::regclass
-"""
 
-
-class PostgresLeaseStore(LeaseStore):
+class PostgresLeaseStore(Vacuuming, LeaseStore):
     # Every lease moves its proxy to the end of hub_proxies_lru and leaves a dead entry
-    # at the head, where every pick starts. Autovacuum visits a table once a minute at
-    # best: at 5,000 leases a second, picks came to wade through hundreds of index pages
-    # of dead entries and the hub slowed by a quarter within 15 s. So each process, every
+    # at the head, where every pick starts (crawler/hub/upkeep.py): each process, every
     # VACUUM_CHECK_EVERY lease operations, vacuums the table if no one has in the last
     # VACUUM_SECONDS (about 10 ms of server time for 10,000 proxies).
+    VACUUM_TABLES = ("hub_proxies",)
+    VACUUM_LOCK = AdvisoryLock.PROXY_VACUUM
     VACUUM_CHECK_EVERY = 500
     VACUUM_SECONDS = 2.0
+    VACUUM_GOES_ON = "leasing"
 
     def __init__(self, hub: Hub, rng: random.Random) -> None:
         super().__init__(hub, rng)
-        self._operations = 0
-        self._vacuum_failed = False
         install_functions(hub)
 
     def acquire(
@@ -341,37 +331,6 @@ class PostgresLeaseStore(LeaseStore):
             + (counts.requests, counts.bytes, counts.failures, counts.bans, reason)
             + (rest, ban_rests)
         )
-
-    # --- upkeep -----------------------------------------------------------------------
-    def _count_operation(self) -> None:
-        self._operations += 1
-        if self._operations % self.VACUUM_CHECK_EVERY:
-            return
-        try:
-            self.vacuum_if_due()
-        except Exception as exc:  # upkeep: the lease operation before it has succeeded
-            if not self._vacuum_failed:
-                logger.warning(
-                    "Could not vacuum the proxy table of the hub %s (%s); leasing goes on, "
-                    "slower as dead index entries pile up until autovacuum comes",
-                    self.hub.label,
-                    exc,
-                )
-            self._vacuum_failed = True
-
-    def vacuum_if_due(self) -> bool:
-        """Vacuum the proxy table unless another process did in the last
-        ``VACUUM_SECONDS`` or is at it now; whether this call did."""
-        lock = int(AdvisoryLock.PROXY_VACUUM)
-        if not self.hub.query(_VACUUM_DUE, (self.VACUUM_SECONDS, lock))[0][0]:
-            return False
-        try:
-            # SKIP_LOCKED: a vacuum already running (autovacuum's) is enough.
-            self.hub.execute("VACUUM (SKIP_LOCKED) hub_proxies")
-        finally:
-            with suppress(HubError):  # a lost session has let go of the lock already
-                self.hub.query("SELECT pg_advisory_unlock(?)", (lock,))
-        return True
 
 
 def _take_params(holder: Holder, ttl: float, waited: float, place: Place | None) -> tuple[Any, ...]:

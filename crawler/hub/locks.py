@@ -30,3 +30,5 @@ class AdvisoryLock(IntEnum):
     WORK_UNIT_LEASE = 7302519006
     # Creating or upgrading the heartbeat table.
     HEARTBEAT_SCHEMA = 7302519007
+    # One process at a time vacuums the host-budget tables.
+    HOST_VACUUM = 7302519008
