@@ -4,7 +4,10 @@ A request for such a key would miss the catalog and be fetched a second time: a
 depth crawl meets a page again higher up while its first fetch is in flight, or
 queued for the writer's next commit. The crawl waits for the row instead
 (``extensions/storage/waits.py``). Bounded: the oldest stored keys are forgotten first, long
-after the writer committed them (it commits at least every ``CATALOG_FLUSH_SECONDS``).
+after the writer committed them (it commits at least every ``CATALOG_FLUSH_SECONDS``, 5 s:
+20,000 keys are 20 s of a crawl storing 1,000 pages a second). A key forgotten too soon
+costs one more fetch of its URL, never a lost row; every key held costs about 160 bytes
+(100,000 of them were 15 MB of a cold crawl's memory).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ STORED = "stored"
 
 
 class UnsettledKeys:
-    def __init__(self, limit: int = 100_000):
+    def __init__(self, limit: int = 20_000):
         self.limit = limit
         self._state: dict[str, str] = {}
 
