@@ -12,6 +12,7 @@ statement, on either backend.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from crawler.hub.db import Hub, Transaction
@@ -97,29 +98,57 @@ FROM made
 def _take(tx: Transaction, lease_id: int, old: int | None, pending: str, params: tuple) -> list:
     """Fill the new lease *lease_id* (SQLite, and split queues on PostgreSQL): with the
     batch of the expired lease *old*, which ends, else with the pending items that
-    ``SELECT id FROM hub_work_items WHERE`` *pending* (bound to *params*) finds. The
-    ``(id, url)`` taken; none taken, the lease row is deleted."""
+    ``SELECT id FROM hub_work_items WHERE`` *pending* (bound to *params*) finds. The URLs
+    taken, in item order; none taken, the lease row is deleted."""
     if old is not None:
         tx.execute(
             "UPDATE hub_work_leases SET ended = NOW(), end_reason = 'expired' WHERE id = ?",
             (old,),
         )
         taken = tx.execute(
-            "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? "
-            "AND state = 'leased' RETURNING id, url",
+            "UPDATE hub_work_items SET lease_id = ? WHERE lease_id = ? AND state = 'leased'",
             (lease_id, old),
-        ).fetchall()
+        ).rowcount
     else:
         taken = tx.execute(
             "UPDATE hub_work_items SET state = 'leased', lease_id = ? WHERE id IN "
-            "(SELECT id FROM hub_work_items WHERE " + pending + ") RETURNING id, url",
+            "(SELECT id FROM hub_work_items WHERE " + pending + ")",
             (lease_id, *params),
-        ).fetchall()
+        ).rowcount
     if not taken:
         tx.execute("DELETE FROM hub_work_leases WHERE id = ?", (lease_id,))
-    else:
-        tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (len(taken), lease_id))
-    return taken
+        return []
+    tx.execute("UPDATE hub_work_leases SET items = ? WHERE id = ?", (taken, lease_id))
+    return _urls(tx, lease_id)
+
+
+def _urls(tx: Transaction, lease_id: int) -> list[str]:
+    """The URLs of the lease *lease_id*, in item order, as one row: SQLite lets go of the
+    GIL for each row it returns, and a crawl's busy reactor thread may keep it each time
+    for up to the interpreter's switch interval (5 ms)."""
+    if tx.dialect.name == "postgresql":
+        sql = "SELECT array_agg(url ORDER BY id) FROM hub_work_items WHERE lease_id = ?"
+        return list(tx.execute(sql, (lease_id,)).fetchone()[0] or ())
+    sql = (
+        "SELECT json_group_array(url) FROM "
+        "(SELECT url FROM hub_work_items WHERE lease_id = ? ORDER BY id)"
+    )
+    return json.loads(tx.execute(sql, (lease_id,)).fetchone()[0])
+
+
+def _pending_units(tx: Transaction, queue_id: int, after: int) -> list:
+    """``(id, unit)`` of the next 500 pending items past *after*, in item order (as one
+    row on SQLite, see :func:`_urls`)."""
+    sql = (
+        "SELECT id, unit FROM hub_work_items WHERE queue_id = ? "
+        "AND state = 'pending' AND id > ? ORDER BY id LIMIT 500"
+    )
+    if tx.dialect.name == "postgresql":
+        return tx.execute(sql, (queue_id, after)).fetchall()
+    found = tx.execute(
+        f"SELECT json_group_array(json_array(id, unit)) FROM ({sql})", (queue_id, after)
+    )
+    return json.loads(found.fetchone()[0])
 
 
 def _cap(holders: int | None) -> int:
@@ -169,8 +198,7 @@ class BatchLeaser:
             )
             if not taken:
                 return None
-        urls = tuple(url for _, url in sorted(taken))
-        return WorkBatch(lease_id, self.name, urls, float(expires), old[0] if old else None)
+        return WorkBatch(lease_id, self.name, tuple(taken), float(expires), old[0] if old else None)
 
     def lease_many(
         self, partition: str, holder: str, size: int, ttl: float, holders: int | None
@@ -198,11 +226,7 @@ class BatchLeaser:
             held.add(first.unit)
             after = -1
             while size > 0:
-                rows = tx.execute(
-                    "SELECT id, unit FROM hub_work_items WHERE queue_id = ? "
-                    "AND state = 'pending' AND id > ? ORDER BY id LIMIT 500",
-                    (q, after),
-                ).fetchall()
+                rows = _pending_units(tx, q, after)
                 if not rows:
                     break
                 after = rows[-1][0]
@@ -269,8 +293,7 @@ class BatchLeaser:
         )
         if not taken:
             return None
-        urls = tuple(url for _, url in sorted(taken))
-        return WorkBatch(lease_id, self.name, urls, float(expires), old, unit)
+        return WorkBatch(lease_id, self.name, tuple(taken), float(expires), old, unit)
 
     def _lease_pg(self, holder: str, size: int, ttl: float) -> WorkBatch | None:
         claim = (self._next_item, size, self.queue_id, size)
