@@ -47,7 +47,7 @@ async def test_a_page_met_again_higher_up_is_fetched_once(data_dir, monkeypatch,
         "CATALOG_BATCH_SIZE": "10000",
         "CATALOG_FLUSH_SECONDS": "2",
     }
-    await crawl_site([server.url("/a"), server.url("/b")], data_dir, settings, depth="2")
+    crawler = await crawl_site([server.url("/a"), server.url("/b")], data_dir, settings, depth="2")
     assert {path: server.counts[path] for path in ("/a", "/b", "/c", "/p", "/q")} == dict.fromkeys(
         ("/a", "/b", "/c", "/p", "/q"), 1
     )
@@ -55,6 +55,7 @@ async def test_a_page_met_again_higher_up_is_fetched_once(data_dir, monkeypatch,
     lines = [a for a in actions(data_dir) if a["url"] == server.url("/p")]
     # One line: met again, /p is counted as a duplicate, not logged a second time.
     assert [a["outcome"] for a in lines] == ["ok"]
+    assert crawler.stats.get_value("catalog/duplicates") == 1
     # Met at depth 2 its links are not followed; met again at depth 1 they are, from
     # the stored copy: /q is reached.
     assert server.counts["/q"] == 1

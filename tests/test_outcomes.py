@@ -108,9 +108,10 @@ async def test_a_depth_crawl_logs_one_final_line_per_key_each_run(site, tmp_path
     first = await crawl_site(url_file, data_dir, depth="2")
     once = final_lines_per_key(data_dir)
     assert len(once) > 50 and set(once.values()) == {1}, once.most_common(3)
-    # Pages met again are counted as such, not logged again.
+    # Pages met again (higher up, while in flight or stored: how many depends on the
+    # order the downloads finish in; tests/test_fetch_once.py makes one for certain)
+    # are counted as such, not logged again.
     assert first.stats.get_value("catalog/cache_hits", 0) == 0, first.stats.get_stats()
-    assert first.stats.get_value("catalog/duplicates", 0) > 0
     before = logged(data_dir)
     resumed = await crawl_site(url_file, data_dir, depth="2")
     again = final_lines_per_key(data_dir, before)
