@@ -48,3 +48,20 @@ def wait_until(
         if time.monotonic() > deadline:
             raise WaitError(f"waiting for {what}: not within {timeout:.0f} s")
         time.sleep(step)
+
+
+async def wait_until_async(
+    check: Callable[[], T], what: str, timeout: float = BOUND_SECONDS, step: float = 0.01
+) -> T:
+    """:func:`wait_until` inside a test that runs on the reactor: the reactor turns
+    between looks (a blocking sleep would stop what makes ``check`` come true)."""
+    from scrapy.utils.defer import maybe_deferred_to_future
+    from twisted.internet import reactor
+    from twisted.internet.task import deferLater
+
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise WaitError(f"waiting for {what}: not within {timeout:.0f} s")
+        await maybe_deferred_to_future(deferLater(reactor, step))
+    return found

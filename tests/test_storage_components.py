@@ -12,8 +12,6 @@ from scrapy.exceptions import NotConfigured
 from scrapy.http import HtmlResponse
 from scrapy.utils.defer import deferred_f_from_coro_f, deferred_from_coro, maybe_deferred_to_future
 from scrapy.utils.test import get_crawler
-from twisted.internet import reactor
-from twisted.internet.task import deferLater
 
 from crawler.storage.datadir import DataDir
 from crawler.storage.keys import request_key
@@ -26,6 +24,7 @@ from middlewares.archive import ArchiveMiddleware
 from tests.checks import actions, catalog_rows
 from tests.conftest import project_settings
 from tests.factories import listed_body, listed_fetch
+from tests.polling import wait_until_async
 
 
 @pytest.fixture
@@ -346,10 +345,10 @@ async def test_a_request_for_a_key_in_flight_waits_for_its_commit(data_dir):
     # Started as Scrapy starts them: looked up (in the lookup thread), then waiting.
     ok_again = deferred_from_coro(mw.process_request(Request(ok.url)))
     failed_again = deferred_from_coro(mw.process_request(Request(failed.url)))
-    for _ in range(500):
-        if mw.crawler.stats.get_value("catalog/waits_for_writer") == 2:
-            break
-        await maybe_deferred_to_future(deferLater(reactor, 0.01))
+    await wait_until_async(
+        lambda: mw.crawler.stats.get_value("catalog/waits_for_writer") == 2,
+        "both requests waiting for the writer",
+    )
     mw.process_response(ok, page(ok.url, b"<html>ok</html>", ok))
     mw.process_response(failed, page(failed.url, b"oops", failed, status=500))
     with pytest.raises(CachedRequest):  # woken by the commit: the row is there
