@@ -13,6 +13,8 @@ fetching while the catalog is searched.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
+from typing import TypeVar
 
 from scrapy import Request
 from scrapy.utils.defer import maybe_deferred_to_future
@@ -27,6 +29,8 @@ from crawler.storage.session import StorageSession
 from extensions.archive_policy import ArchivePolicy, Decision
 from extensions.storage.actions import ActionRecorder
 from extensions.storage.requests import catalog_key, looked_up
+
+T = TypeVar("T")
 
 
 class StoredPages:
@@ -110,14 +114,19 @@ class StoredPages:
         found.addCallbacks(answer, failed)
 
     def _rows(self, keys: list[str], spider: str | None):
+        return self._asked(lambda lookup: lookup.rows(keys, spider), ({}, set(), set()))
+
+    def _asked(self, ask: Callable[[BatchLookup], T], closed: T) -> T:
+        """``ask`` of the batch lookup's connections (in the lookup thread); ``closed``
+        when they are closed, before the query or under it."""
         lookup = self.batch_lookup
         if lookup is None:
-            return {}, set(), set()
+            return closed
         try:
-            return lookup.rows(keys, spider)
+            return ask(lookup)
         except sqlite3.ProgrammingError:
             if self.batch_lookup is None:  # closed under the query
-                return {}, set(), set()
+                return closed
             raise
 
     def call(self, f, *args) -> Deferred | None:
@@ -157,17 +166,8 @@ class StoredPages:
         """The stored ones among ``keys``, and those of them whose items of this spider
         are stored (all of them when the policy does not parse stored pages), through
         the batch lookup's connections; None when they are closed."""
-        lookup = self.batch_lookup
-        if lookup is None:
-            return None
-        try:
-            return lookup.stored_parsed(
-                keys, self.spider_name if self.policy.parse_stored else None
-            )
-        except sqlite3.ProgrammingError:
-            if self.batch_lookup is None:  # closed under the query
-                return None
-            raise
+        spider = self.spider_name if self.policy.parse_stored else None
+        return self._asked(lambda lookup: lookup.stored_parsed(keys, spider), None)
 
     async def filter_start_async(self, requests: list[Request]) -> list[Request]:
         """:meth:`filter_start`, the catalog asked in a thread."""
